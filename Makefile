@@ -1,0 +1,136 @@
+# outboxd — build, test and run. Plain make with pkg-config; see README.md.
+#
+#   make                 build build/outboxd
+#   make test            install missing packages, build, run every Check suite
+#                        (unit, then integration against private servers)
+#   make run             start private servers under .run/ and run outboxd
+#   make stop            stop the servers that `make run` started
+#   make SANITIZER=address,undefined test
+#   make valgrind        unit tests under valgrind memcheck
+#   make install PREFIX=/usr/local DESTDIR=
+
+CC       ?= cc
+PREFIX   ?= /usr/local
+DESTDIR  ?=
+SANITIZER ?=
+VERSION  := 0.1.0
+
+PKGS     := libpq librabbitmq hiredis yaml-0.1 libsystemd libmicrohttpd
+PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null)
+
+WARN := -Wall -Wextra -Wpedantic -Wshadow -Wstrict-prototypes \
+	-Wmissing-prototypes -Wformat=2 -Wvla -Werror
+CFLAGS ?= -O2 -g
+CFLAGS += -std=c11 -D_GNU_SOURCE -DOUTBOXD_VERSION='"$(VERSION)"' \
+	$(WARN) -Idaemon $(PKG_CFLAGS)
+LDLIBS += $(PKG_LIBS) -lm
+
+ifneq ($(SANITIZER),)
+CFLAGS  += -fsanitize=$(SANITIZER) -fno-omit-frame-pointer \
+	-fno-sanitize-recover=all
+LDFLAGS += -fsanitize=$(SANITIZER)
+B := build/san
+else
+B := build
+endif
+
+DAEMON_SRCS := $(sort $(wildcard daemon/*.c))
+LIB_SRCS    := $(filter-out daemon/main.c,$(DAEMON_SRCS))
+LIB_OBJS    := $(LIB_SRCS:%.c=$(B)/%.o) $(B)/gen/migrations.o
+SQL_FILES   := $(sort $(wildcard sql/[0-9]*.sql))
+UNIT_SRCS   := $(sort $(wildcard tests/unit/check_*.c))
+INTEG_SRCS  := $(sort $(wildcard tests/integration/check_*.c))
+TESTLIB_SRCS := $(sort $(wildcard tests/lib/*.c))
+TESTLIB_OBJS := $(TESTLIB_SRCS:%.c=$(B)/%.o)
+UNIT_BINS   := $(UNIT_SRCS:%.c=$(B)/%)
+INTEG_BINS  := $(INTEG_SRCS:%.c=$(B)/%)
+BENCH_SRCS  := $(sort $(wildcard bench/*.c))
+BENCH_BINS  := $(BENCH_SRCS:%.c=$(B)/%)
+
+.PHONY: all deps test unit integration run stop servers-status valgrind \
+	bench install format clean
+.DEFAULT_GOAL := all
+
+all: $(B)/outboxd
+
+$(B)/%.o: %.c $(wildcard daemon/*.h) $(wildcard tests/lib/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests/lib -c -o $@ $<
+
+# The migrations are compiled into the binary, so `outboxd migrate` needs
+# no files at run time.  Each file becomes one C string.
+$(B)/gen/migrations.c: $(SQL_FILES) Makefile
+	@mkdir -p $(dir $@)
+	@awk 'BEGIN { print "/* Generated from the sql/ files by the Makefile. */"; \
+		print "#include \"migrations.h\""; \
+		print "const struct migration migrations[] = {" } \
+	FNR == 1 { if (NR > 1) print "\" },"; \
+		n = FILENAME; sub(".*/", "", n); \
+		printf "\t{ \"%s\", \"", n } \
+	{ gsub(/\\/, "\\\\"); gsub(/"/, "\\\""); \
+		printf "%s\\n\"\n\t\"", $$0 } \
+	END { print "\" },"; print "\t{ 0, 0 },"; print "};" }' \
+		$(SQL_FILES) > $@
+
+$(B)/gen/migrations.o: $(B)/gen/migrations.c daemon/migrations.h
+	$(CC) $(CFLAGS) -Wno-overlength-strings -c -o $@ $<
+
+$(B)/liboutboxd.a: $(LIB_OBJS)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(B)/outboxd: $(B)/daemon/main.o $(B)/liboutboxd.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(B)/tests/unit/%: $(B)/tests/unit/%.o $(B)/liboutboxd.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(CHECK_LIBS) $(LDLIBS)
+
+$(B)/tests/integration/%: $(B)/tests/integration/%.o $(TESTLIB_OBJS) \
+		$(B)/liboutboxd.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(CHECK_LIBS) $(LDLIBS)
+
+$(B)/bench/%: $(B)/bench/%.o $(B)/liboutboxd.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+# Installs what is missing (apt-get) on Debian 12; a no-op when all is there.
+deps:
+	@tests/deps.sh
+
+test: deps
+	@$(MAKE) --no-print-directory unit integration
+
+unit: $(UNIT_BINS)
+	@tests/run-unit.sh $(UNIT_BINS)
+
+integration: $(B)/outboxd $(INTEG_BINS)
+	@OUTBOXD_BIN=$(B)/outboxd tests/run-integration.sh $(INTEG_BINS)
+
+valgrind: $(UNIT_BINS)
+	@VALGRIND=1 tests/run-unit.sh $(UNIT_BINS)
+
+bench: deps $(B)/outboxd $(BENCH_BINS)
+	@OUTBOXD_BIN=$(B)/outboxd bench/run.sh
+
+run: deps $(B)/outboxd
+	@tests/servers.sh start .run
+	@. .run/env.sh && $(B)/outboxd migrate -c .run/outboxd.yml && \
+		exec $(B)/outboxd run -c .run/outboxd.yml
+
+stop:
+	@tests/servers.sh stop .run
+
+install: $(B)/outboxd
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/outboxd/sql \
+		$(DESTDIR)/etc/outboxd $(DESTDIR)/lib/systemd/system
+	install -m 755 $(B)/outboxd $(DESTDIR)$(PREFIX)/bin/outboxd
+	install -m 644 sql/*.sql $(DESTDIR)$(PREFIX)/share/outboxd/sql/
+	install -m 640 config/outboxd.yml $(DESTDIR)/etc/outboxd/outboxd.yml
+	install -m 644 systemd/outboxd.service $(DESTDIR)/lib/systemd/system/
+
+format:
+	clang-format -i daemon/*.c daemon/*.h tests/*/*.c
+
+clean:
+	rm -rf build

@@ -1,0 +1,1940 @@
+/*
+ * Config: YAML (libyaml) into a validated struct config.  One table says,
+ * for every key, its type, bounds, default, reloadability and field; load,
+ * defaults, dump and reload all walk it.  The only file that sees yaml.h.
+ */
+#include "config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <yaml.h>
+
+#include "backoff.h"
+#include "log.h"
+
+/* A config file is a few kilobytes; anything this big is a mistake. */
+#define CONFIG_MAX_BYTES	(1024 * 1024)
+/* A password file's first line; longer is surely the wrong file. */
+#define SECRET_MAX_BYTES	1024
+/* Echoed values are cut so one bad line cannot flood the terminal. */
+#define ECHO_MAX		60
+
+enum key_type {
+	T_STRING,
+	T_INT,		/* int */
+	T_BOOL,		/* bool */
+	T_DURATION,	/* int64_t milliseconds (int seconds with F_SECONDS) */
+	T_SIZE,		/* size_t bytes */
+	T_FLOAT,	/* double */
+	T_ENUM,		/* an enum, or a bool with F_AS_BOOL */
+	T_SECRET,	/* password: the secret itself */
+	T_SECRET_ENV,	/* password_env: the variable to read it from */
+	T_SECRET_FILE,	/* password_file: the file to read it from */
+	T_NODES,	/* "host:port" list into broker_conf.nodes */
+	T_ADDRESS,	/* "host:port" or "unix:/path" into host + port */
+	T_LISTEN,	/* "host:port", or "" for off */
+};
+
+#define F_RELOAD	0x01	/* SIGHUP applies it; others need a restart */
+#define F_OPTIONAL	0x02	/* may be unset (NULL) */
+#define F_NONEMPTY	0x04	/* "" can never work */
+#define F_SECONDS	0x08	/* duration kept as whole seconds in an int */
+#define F_AS_BOOL	0x10	/* two-name enum kept as a bool */
+#define F_CONNINFO	0x20	/* may embed a password: redacted in dumps */
+
+struct enum_name {
+	const char *name;
+	int value;
+};
+
+struct key {
+	const char *name;
+	enum key_type type;
+	unsigned flags;
+	size_t off;		/* the field in struct config */
+	size_t off2;		/* T_ADDRESS: the port field */
+	const char *def;	/* default, spelt as in the file; NULL = unset */
+	int64_t min, max;	/* T_INT, T_DURATION (ms), T_SIZE (bytes) */
+	double fmin, fmax;	/* T_FLOAT */
+	const struct enum_name *names;	/* T_ENUM, ends with a NULL name */
+	int port;		/* address types: the port when none is given
+				 * (0 = a port is required), and the example */
+	int group;		/* T_SECRET*: which password (1..3), else 0 */
+};
+
+/* Enums are stored through an int lvalue; make sure they are int-sized. */
+_Static_assert(sizeof(enum log_level) == sizeof(int), "enum size");
+_Static_assert(sizeof(enum relay_mode) == sizeof(int), "enum size");
+_Static_assert(sizeof(enum backoff_strategy) == sizeof(int), "enum size");
+_Static_assert(sizeof(enum backoff_jitter) == sizeof(int), "enum size");
+
+static const struct enum_name log_levels[] = {
+	{ "debug", LOG_DEBUG }, { "info", LOG_INFO }, { "warn", LOG_WARN },
+	{ "error", LOG_ERROR }, { NULL, 0 },
+};
+static const struct enum_name relay_modes[] = {
+	{ "parallel", RELAY_PARALLEL },
+	{ "single-active", RELAY_SINGLE_ACTIVE }, { NULL, 0 },
+};
+static const struct enum_name orderings[] = {
+	{ "none", 0 }, { "business_key", 1 }, { NULL, 0 },
+};
+static const struct enum_name strategies[] = {
+	{ "exponential", BACKOFF_EXPONENTIAL }, { "fixed", BACKOFF_FIXED },
+	{ "random", BACKOFF_RANDOM }, { "fibonacci", BACKOFF_FIBONACCI },
+	{ "ethernet", BACKOFF_ETHERNET }, { NULL, 0 },
+};
+static const struct enum_name jitters[] = {
+	{ "none", JITTER_NONE }, { "proportional", JITTER_PROPORTIONAL },
+	{ "full", JITTER_FULL }, { "equal", JITTER_EQUAL },
+	{ "decorrelated", JITTER_DECORRELATED }, { NULL, 0 },
+};
+
+#define OFF(f)	offsetof(struct config, f)
+#define MS(n)	((int64_t)(n))
+#define SEC(n)	((int64_t)(n) * 1000)
+#define MIN(n)	((int64_t)(n) * 60000)
+#define HOUR(n)	((int64_t)(n) * 3600000)
+#define DAY(n)	((int64_t)(n) * 86400000)
+#define KIB(n)	((int64_t)(n) * 1024)
+#define MIB(n)	((int64_t)(n) * 1024 * 1024)
+
+/* Keep in step with config/outboxd.yml and docs/CONFIG.md (a test
+ * checks the sample file documents every key). */
+static const struct key keys[] = {
+	{ .name = "log.level", .type = T_ENUM, .flags = F_RELOAD,
+	  .off = OFF(log_level), .def = "info", .names = log_levels },
+
+	{ .name = "postgres.conninfo", .type = T_STRING, .flags = F_CONNINFO,
+	  .off = OFF(store.conninfo),
+	  .def = "host=127.0.0.1 port=5432 dbname=outbox user=outboxd" },
+	{ .name = "postgres.password", .type = T_SECRET, .group = 1,
+	  .off = OFF(store.password) },
+	{ .name = "postgres.password_env", .type = T_SECRET_ENV, .group = 1,
+	  .off = OFF(store_password_src.env) },
+	{ .name = "postgres.password_file", .type = T_SECRET_FILE, .group = 1,
+	  .off = OFF(store_password_src.file) },
+	{ .name = "postgres.connect_timeout", .type = T_DURATION,
+	  .off = OFF(store.connect_timeout_ms), .def = "5s",
+	  .min = MS(100), .max = MIN(5) },
+	{ .name = "postgres.application_name", .type = T_STRING,
+	  .off = OFF(store.application_name), .def = "outboxd" },
+
+	{ .name = "rabbitmq.nodes", .type = T_NODES, .off = OFF(broker),
+	  .def = "127.0.0.1:5672", .port = 5672 },
+	{ .name = "rabbitmq.vhost", .type = T_STRING, .flags = F_NONEMPTY,
+	  .off = OFF(broker.vhost), .def = "/" },
+	{ .name = "rabbitmq.user", .type = T_STRING, .flags = F_NONEMPTY,
+	  .off = OFF(broker.user), .def = "guest" },
+	{ .name = "rabbitmq.password", .type = T_SECRET, .group = 2,
+	  .off = OFF(broker.password), .def = "guest" },
+	{ .name = "rabbitmq.password_env", .type = T_SECRET_ENV, .group = 2,
+	  .off = OFF(broker_password_src.env) },
+	{ .name = "rabbitmq.password_file", .type = T_SECRET_FILE, .group = 2,
+	  .off = OFF(broker_password_src.file) },
+	{ .name = "rabbitmq.heartbeat", .type = T_DURATION, .flags = F_SECONDS,
+	  .off = OFF(broker.heartbeat_s), .def = "0", .min = 0,
+	  .max = MIN(10) },
+	{ .name = "rabbitmq.connect_timeout", .type = T_DURATION,
+	  .off = OFF(broker.connect_timeout_ms), .def = "5s",
+	  .min = MS(100), .max = MIN(5) },
+	{ .name = "rabbitmq.confirm_timeout", .type = T_DURATION,
+	  .off = OFF(broker.confirm_timeout_ms), .def = "10s",
+	  .min = MS(100), .max = MIN(10) },
+	{ .name = "rabbitmq.max_payload", .type = T_SIZE,
+	  .off = OFF(broker.max_payload), .def = "16MiB",
+	  .min = KIB(1), .max = MIB(512) },
+	{ .name = "rabbitmq.frame_max", .type = T_INT,
+	  .off = OFF(broker.frame_max), .def = "131072",
+	  .min = 4096, .max = INT32_MAX },
+	{ .name = "rabbitmq.tls.enabled", .type = T_BOOL,
+	  .off = OFF(broker.tls), .def = "false" },
+	{ .name = "rabbitmq.tls.ca_file", .type = T_STRING,
+	  .flags = F_OPTIONAL | F_NONEMPTY, .off = OFF(broker.tls_ca_file) },
+	{ .name = "rabbitmq.tls.cert_file", .type = T_STRING,
+	  .flags = F_OPTIONAL | F_NONEMPTY, .off = OFF(broker.tls_cert_file) },
+	{ .name = "rabbitmq.tls.key_file", .type = T_STRING,
+	  .flags = F_OPTIONAL | F_NONEMPTY, .off = OFF(broker.tls_key_file) },
+	{ .name = "rabbitmq.tls.verify_peer", .type = T_BOOL,
+	  .off = OFF(broker.tls_verify_peer), .def = "true" },
+	{ .name = "rabbitmq.tls.verify_hostname", .type = T_BOOL,
+	  .off = OFF(broker.tls_verify_hostname), .def = "true" },
+
+	{ .name = "redis.enabled", .type = T_BOOL, .off = OFF(lock.enabled),
+	  .def = "true" },
+	{ .name = "redis.address", .type = T_ADDRESS, .off = OFF(lock.host),
+	  .off2 = OFF(lock.port), .def = "127.0.0.1:6379", .port = 6379 },
+	{ .name = "redis.username", .type = T_STRING,
+	  .flags = F_OPTIONAL | F_NONEMPTY, .off = OFF(lock.username) },
+	{ .name = "redis.password", .type = T_SECRET, .group = 3,
+	  .off = OFF(lock.password) },
+	{ .name = "redis.password_env", .type = T_SECRET_ENV, .group = 3,
+	  .off = OFF(lock_password_src.env) },
+	{ .name = "redis.password_file", .type = T_SECRET_FILE, .group = 3,
+	  .off = OFF(lock_password_src.file) },
+	{ .name = "redis.database", .type = T_INT, .off = OFF(lock.database),
+	  .def = "0", .min = 0, .max = 15 },
+	{ .name = "redis.key", .type = T_STRING, .flags = F_NONEMPTY,
+	  .off = OFF(lock.key), .def = "outboxd:leader" },
+	{ .name = "redis.ttl", .type = T_DURATION, .off = OFF(lock.ttl_ms),
+	  .def = "30s", .min = SEC(1), .max = MIN(10) },
+	{ .name = "redis.connect_timeout", .type = T_DURATION,
+	  .off = OFF(lock.connect_timeout_ms), .def = "2s",
+	  .min = MS(100), .max = MIN(1) },
+
+	{ .name = "relay.batch_size", .type = T_INT, .flags = F_RELOAD,
+	  .off = OFF(relay.batch_size), .def = "500", .min = 1,
+	  .max = 10000 },
+	{ .name = "relay.poll_interval", .type = T_DURATION, .flags = F_RELOAD,
+	  .off = OFF(relay.poll_interval_ms), .def = "5s", .min = MS(10),
+	  .max = HOUR(1) },
+	{ .name = "relay.shutdown_timeout", .type = T_DURATION,
+	  .flags = F_RELOAD, .off = OFF(relay.shutdown_timeout_ms),
+	  .def = "30s", .min = 0, .max = HOUR(1) },
+	{ .name = "relay.mode", .type = T_ENUM, .off = OFF(relay.mode),
+	  .def = "parallel", .names = relay_modes },
+	{ .name = "relay.ordering", .type = T_ENUM, .flags = F_AS_BOOL,
+	  .off = OFF(relay.ordering_by_key), .def = "none",
+	  .names = orderings },
+	{ .name = "relay.retention", .type = T_DURATION, .flags = F_RELOAD,
+	  .off = OFF(relay.retention_ms), .def = "7d", .min = 0,
+	  .max = DAY(3650) },
+
+	{ .name = "backoff.strategy", .type = T_ENUM, .flags = F_RELOAD,
+	  .off = OFF(relay.backoff.strategy), .def = "exponential",
+	  .names = strategies },
+	{ .name = "backoff.jitter", .type = T_ENUM, .flags = F_RELOAD,
+	  .off = OFF(relay.backoff.jitter), .def = "none", .names = jitters },
+	{ .name = "backoff.jitter_factor", .type = T_FLOAT, .flags = F_RELOAD,
+	  .off = OFF(relay.backoff.jitter_factor), .def = "0.2",
+	  .fmin = 0, .fmax = 1 },
+	{ .name = "backoff.max", .type = T_DURATION, .flags = F_RELOAD,
+	  .off = OFF(relay.backoff.max_ms), .def = "1h", .min = MS(1),
+	  .max = DAY(30) },
+
+	{ .name = "reconnect.strategy", .type = T_ENUM, .flags = F_RELOAD,
+	  .off = OFF(relay.reconnect.strategy), .def = "exponential",
+	  .names = strategies },
+	{ .name = "reconnect.jitter", .type = T_ENUM, .flags = F_RELOAD,
+	  .off = OFF(relay.reconnect.jitter), .def = "equal",
+	  .names = jitters },
+	{ .name = "reconnect.init", .type = T_DURATION, .flags = F_RELOAD,
+	  .off = OFF(relay.reconnect.init_ms), .def = "100ms", .min = MS(1),
+	  .max = MIN(1) },
+	{ .name = "reconnect.factor", .type = T_FLOAT, .flags = F_RELOAD,
+	  .off = OFF(relay.reconnect.factor), .def = "2", .fmin = 1,
+	  .fmax = 100 },
+	{ .name = "reconnect.max", .type = T_DURATION, .flags = F_RELOAD,
+	  .off = OFF(relay.reconnect.max_ms), .def = "30s", .min = MS(1),
+	  .max = HOUR(1) },
+
+	{ .name = "http.listen", .type = T_LISTEN, .off = OFF(http.listen),
+	  .def = "127.0.0.1:9187", .port = 0 },
+};
+
+#define N_KEYS	ARRAY_LEN(keys)
+
+/* The three passwords: a section's password, password_env, password_file
+ * share a group number; index 0 is unused. */
+static const char *const group_section[] = {
+	NULL, "postgres", "rabbitmq", "redis",
+};
+#define N_GROUPS	ARRAY_LEN(group_section)
+
+/* One problem found while loading; sorted by position before printing. */
+struct problem {
+	unsigned long line, col;	/* 1-based; line 0 = no position */
+	size_t seq;			/* keeps equal positions in order */
+	char *msg;
+};
+
+/* What the loader saw of each key. */
+struct seen {
+	bool given;		/* a valid, non-null value was set */
+	yaml_mark_t key_mark, val_mark;
+};
+
+struct loader {
+	const char *name;
+	struct config *c;
+	yaml_document_t *doc;
+	struct problem *probs;
+	size_t n_probs, cap_probs;
+	struct seen seen[N_KEYS];
+};
+
+static void *
+field(struct config *c, size_t off)
+{
+	return (char *)c + off;
+}
+
+static const void *
+cfield(const struct config *c, size_t off)
+{
+	return (const char *)c + off;
+}
+
+static bool
+is_secret_type(enum key_type t)
+{
+	return t == T_SECRET || t == T_SECRET_ENV || t == T_SECRET_FILE;
+}
+
+static void problem(struct loader *, const yaml_mark_t *, const char *, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void
+problem(struct loader *L, const yaml_mark_t *mark, const char *fmt, ...)
+{
+	char buf[1024];
+	struct problem *p;
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(buf, sizeof(buf), fmt, ap);
+	va_end(ap);
+	if (L->n_probs == L->cap_probs) {
+		L->cap_probs = L->cap_probs ? L->cap_probs * 2 : 8;
+		L->probs = xrealloc(L->probs,
+		    L->cap_probs * sizeof(*L->probs));
+	}
+	p = &L->probs[L->n_probs];
+	/* libyaml counts lines and columns from 0; people count from 1. */
+	p->line = mark ? (unsigned long)mark->line + 1 : 0;
+	p->col = mark ? (unsigned long)mark->column + 1 : 0;
+	p->seq = L->n_probs++;
+	p->msg = xstrdup(buf);
+}
+
+static int
+problem_cmp(const void *a, const void *b)
+{
+	const struct problem *x = a, *y = b;
+
+	if (x->line != y->line)
+		return x->line < y->line ? -1 : 1;
+	if (x->col != y->col)
+		return x->col < y->col ? -1 : 1;
+	return x->seq < y->seq ? -1 : x->seq > y->seq;
+}
+
+/* Prints a problem to errs, or logs it when there is no stream (reload
+ * in the daemon, whose stderr is the log). */
+static void
+problem_emit(const char *name, unsigned long line, unsigned long col,
+    const char *msg, FILE *errs)
+{
+	char qname[512], qmsg[1024];
+
+	if (errs != NULL) {
+		if (line > 0)
+			fprintf(errs, "%s:%lu:%lu: %s\n", name, line, col, msg);
+		else
+			fprintf(errs, "%s: %s\n", name, msg);
+		return;
+	}
+	log_error("config error", "file=%s line=%lu col=%lu error=%s",
+	    log_quote(qname, sizeof(qname), name), line, col,
+	    log_quote(qmsg, sizeof(qmsg), msg));
+}
+
+/*
+ * Writes s quoted for an error message, escaping what a terminal would
+ * act on and cutting it at ECHO_MAX bytes.  Never used for secrets.
+ */
+static const char *
+echo(char *buf, size_t size, const char *s)
+{
+	size_t n = 0, i;
+
+	buf[n++] = '"';
+	for (i = 0; s[i] != '\0' && n + 8 < size; i++) {
+		unsigned char ch = (unsigned char)s[i];
+
+		if (i == ECHO_MAX) {
+			memcpy(buf + n, "...", 3);
+			n += 3;
+			break;
+		}
+		if (ch == '"' || ch == '\\') {
+			buf[n++] = '\\';
+			buf[n++] = (char)ch;
+		} else if (ch < ' ' || ch == 0x7f) {
+			n += (size_t)snprintf(buf + n, size - n, "\\x%02x", ch);
+		} else {
+			buf[n++] = (char)ch;
+		}
+	}
+	buf[n++] = '"';
+	buf[n] = '\0';
+	return buf;
+}
+
+static const char *
+fmt_duration(char *buf, size_t size, int64_t ms)
+{
+	if (ms == 0)
+		return strfmt(buf, size, "0");
+	return duration_format(buf, size, ms);
+}
+
+static const char *
+fmt_size(char *buf, size_t size, int64_t b)
+{
+	static const struct {
+		const char *unit;
+		int64_t bytes;
+	} units[] = {
+		{ "GiB", 1073741824 }, { "MiB", 1048576 }, { "KiB", 1024 },
+	};
+
+	for (size_t i = 0; i < ARRAY_LEN(units); i++) {
+		if (b != 0 && b % units[i].bytes == 0)
+			return strfmt(buf, size, "%" PRId64 "%s",
+			    b / units[i].bytes, units[i].unit);
+	}
+	return strfmt(buf, size, "%" PRId64, b);
+}
+
+/* YAML's null: an empty plain scalar, "~" or "null".  Quoted "" is a
+ * real empty string. */
+static bool
+is_null(const yaml_node_t *n)
+{
+	const char *s = (const char *)n->data.scalar.value;
+
+	if (n->type != YAML_SCALAR_NODE ||
+	    n->data.scalar.style != YAML_PLAIN_SCALAR_STYLE)
+		return false;
+	return *s == '\0' || strcmp(s, "~") == 0 || strcmp(s, "null") == 0 ||
+	    strcmp(s, "Null") == 0 || strcmp(s, "NULL") == 0;
+}
+
+static const char *
+node_kind(const yaml_node_t *n)
+{
+	switch (n->type) {
+	case YAML_SEQUENCE_NODE:
+		return "a list";
+	case YAML_MAPPING_NODE:
+		return "a mapping";
+	default:
+		return "a single value";
+	}
+}
+
+static void
+enum_list(char *buf, size_t size, const struct enum_name *names)
+{
+	size_t n = 0;
+
+	buf[0] = '\0';
+	for (const struct enum_name *e = names; e->name != NULL; e++) {
+		int w = snprintf(buf + n, size - n, "%s%s",
+		    e == names ? "" : ", ", e->name);
+
+		if (w < 0 || (size_t)w >= size - n)
+			break;
+		n += (size_t)w;
+	}
+}
+
+/* What a key wants, for "expected ..., got ..." messages. */
+static const char *
+type_wants(const struct key *k, char *buf, size_t size)
+{
+	char list[256];
+
+	switch (k->type) {
+	case T_INT:
+		return "an integer";
+	case T_BOOL:
+		return "true or false";
+	case T_DURATION:
+		return "a duration such as 250ms, 10s, 5m, 1h or 2d";
+	case T_SIZE:
+		return "a size such as 512, 64KiB, 16MiB or 1GiB";
+	case T_FLOAT:
+		return "a number";
+	case T_ENUM:
+		enum_list(list, sizeof(list), k->names);
+		return strfmt(buf, size, "one of %s", list);
+	case T_NODES:
+		return "a list of \"host:port\"";
+	case T_ADDRESS:
+	case T_LISTEN:
+		return "\"host:port\"";
+	default:
+		return "a string";
+	}
+}
+
+/* Strict integer: optional sign, digits, nothing else.  -2 = too big. */
+static int
+parse_int(const char *s, int64_t *out)
+{
+	const char *p = s;
+	char *end;
+	long long v;
+
+	if (*p == '+' || *p == '-')
+		p++;
+	if (*p < '0' || *p > '9')
+		return -1;
+	for (; *p != '\0'; p++)
+		if (*p < '0' || *p > '9')
+			return -1;
+	errno = 0;
+	v = strtoll(s, &end, 10);
+	if (errno == ERANGE)
+		return -2;
+	*out = v;
+	return 0;
+}
+
+/*
+ * A duration needs a unit, except 0: a bare "30" would be read as 30 ms
+ * by someone who meant 30 s.  Returns 0, -1 for garbage, -2 for a bare
+ * number, -3 for a well-formed value that overflows.
+ */
+static int
+parse_duration(const char *s, int64_t *ms)
+{
+	const char *p = s;
+	bool zero = true;
+
+	for (; *p >= '0' && *p <= '9'; p++)
+		if (*p != '0')
+			zero = false;
+	if (p == s)
+		return -1;
+	if (*p == '\0') {
+		if (!zero)
+			return -2;
+		*ms = 0;
+		return 0;
+	}
+	if (duration_parse(s, ms) == 0)
+		return 0;
+	if (strcmp(p, "ms") == 0 || strcmp(p, "s") == 0 ||
+	    strcmp(p, "m") == 0 || strcmp(p, "h") == 0 || strcmp(p, "d") == 0)
+		return -3;
+	return -1;
+}
+
+/* Bytes, with binary (KiB) or decimal (kB) units.  -2 = overflow. */
+static int
+parse_size(const char *s, int64_t *out)
+{
+	static const struct {
+		const char *unit;
+		int64_t mult;
+	} units[] = {
+		{ "", 1 }, { "B", 1 },
+		{ "KiB", 1024 }, { "MiB", 1048576 }, { "GiB", 1073741824 },
+		{ "kB", 1000 }, { "KB", 1000 }, { "MB", 1000000 },
+		{ "GB", 1000000000 },
+	};
+	int64_t v = 0;
+	const char *p = s;
+
+	if (*p < '0' || *p > '9')
+		return -1;
+	for (; *p >= '0' && *p <= '9'; p++) {
+		if (v > (INT64_MAX - (*p - '0')) / 10)
+			return -2;
+		v = v * 10 + (*p - '0');
+	}
+	for (size_t i = 0; i < ARRAY_LEN(units); i++) {
+		if (strcmp(p, units[i].unit) != 0)
+			continue;
+		if (v > INT64_MAX / units[i].mult)
+			return -2;
+		*out = v * units[i].mult;
+		return 0;
+	}
+	return -1;
+}
+
+/* Plain decimal numbers only: strtod would also take "nan", "inf" and
+ * hex floats, none of which belong in a config file. */
+static int
+parse_float(const char *s, double *out)
+{
+	bool digit = false;
+	char *end;
+	double v;
+
+	for (const char *p = s; *p != '\0'; p++) {
+		if (*p >= '0' && *p <= '9')
+			digit = true;
+		else if (strchr("+-.eE", *p) == NULL)
+			return -1;
+	}
+	if (!digit)
+		return -1;
+	errno = 0;
+	v = strtod(s, &end);
+	if (*end != '\0' || errno == ERANGE || !isfinite(v))
+		return -1;
+	*out = v;
+	return 0;
+}
+
+static bool
+host_char(char ch, bool bracketed)
+{
+	if (isalnum((unsigned char)ch) || ch == '.' || ch == '-' || ch == '_')
+		return true;
+	return bracketed && (ch == ':' || ch == '%');
+}
+
+/*
+ * Splits "host:port", "[v6]:port" or, when default_port is not 0, a bare
+ * host.  On error returns -1 with the reason in why (which may echo s:
+ * an address is not a secret, and one with '@' is refused unechoed).
+ */
+static int
+hostport_parse(const char *s, int default_port, int example_port,
+    char **host, int *port, char *why, size_t whysz)
+{
+	char q[ECHO_MAX * 4 + 8];
+	const char *h = s, *hend, *rest;
+	bool bracketed = false;
+	int64_t p;
+
+	if (strchr(s, '@') != NULL) {
+		strfmt(why, whysz, "must be \"host:port\", without a user "
+		    "name or password");
+		return -1;
+	}
+	echo(q, sizeof(q), s);
+	if (*s == '\0') {
+		strfmt(why, whysz, "expected \"host:port\", got \"\"");
+		return -1;
+	}
+	if (strstr(s, "://") != NULL) {
+		strfmt(why, whysz, "expected \"host:port\", not a URL, got %s",
+		    q);
+		return -1;
+	}
+	if (*s == '[') {
+		bracketed = true;
+		h = s + 1;
+		hend = strchr(h, ']');
+		if (hend == NULL) {
+			strfmt(why, whysz, "missing \"]\" after the IPv6 "
+			    "address, got %s", q);
+			return -1;
+		}
+		rest = hend + 1;
+		if (memchr(h, ':', (size_t)(hend - h)) == NULL) {
+			strfmt(why, whysz, "expected an IPv6 address inside "
+			    "\"[]\", got %s", q);
+			return -1;
+		}
+	} else {
+		hend = strchr(s, ':');
+		if (hend != NULL && strchr(hend + 1, ':') != NULL) {
+			strfmt(why, whysz, "IPv6 addresses need brackets, "
+			    "as in \"[::1]:%d\", got %s", example_port, q);
+			return -1;
+		}
+		if (hend == NULL)
+			hend = s + strlen(s);
+		rest = hend;
+	}
+	for (const char *c = h; c < hend; c++) {
+		if (!host_char(*c, bracketed)) {
+			hend = h;	/* report below as a bad host */
+			break;
+		}
+	}
+	if (hend == h) {
+		strfmt(why, whysz, "invalid host name, got %s", q);
+		return -1;
+	}
+	if (*rest == '\0') {
+		if (default_port == 0) {
+			strfmt(why, whysz, "needs a port, as in "
+			    "\"127.0.0.1:%d\", got %s", example_port, q);
+			return -1;
+		}
+		p = default_port;
+	} else if (*rest != ':' || rest[1] == '+' || rest[1] == '-' ||
+	    parse_int(rest + 1, &p) != 0 || p < 1 || p > 65535) {
+		strfmt(why, whysz, "port must be a number from 1 to 65535, "
+		    "got %s", q);
+		return -1;
+	}
+	*host = xmalloc((size_t)(hend - h) + 1);
+	memcpy(*host, h, (size_t)(hend - h));
+	(*host)[hend - h] = '\0';
+	*port = (int)p;
+	return 0;
+}
+
+static void
+nodes_clear(struct broker_conf *b)
+{
+	for (size_t i = 0; i < b->n_nodes; i++) {
+		free(b->nodes[i].host);
+		b->nodes[i].host = NULL;
+	}
+	b->n_nodes = 0;
+}
+
+static void
+string_set(char **dst, const char *s, bool secret)
+{
+	if (secret)
+		secret_free(*dst);
+	else
+		free(*dst);
+	*dst = s ? xstrdup(s) : NULL;
+}
+
+static bool
+env_name_ok(const char *s)
+{
+	if (!isalpha((unsigned char)*s) && *s != '_')
+		return false;
+	for (; *s != '\0'; s++)
+		if (!isalnum((unsigned char)*s) && *s != '_')
+			return false;
+	return true;
+}
+
+/*
+ * Parses s as k's value and stores it in c.  On error returns -1 with the
+ * reason in why, to be printed after "key: ".  Values of secret keys are
+ * never put in why.
+ */
+static int
+value_set(struct config *c, const struct key *k, const char *s, char *why,
+    size_t whysz)
+{
+	char q[ECHO_MAX * 4 + 8], lo[32], hi[32], wants[300];
+	void *f = field(c, k->off);
+	int64_t v;
+	double d;
+	int rc;
+
+	echo(q, sizeof(q), s);
+	switch (k->type) {
+	case T_STRING:
+	case T_SECRET:
+	case T_SECRET_FILE:
+		if (*s == '\0' &&
+		    ((k->flags & F_NONEMPTY) || k->type != T_STRING)) {
+			strfmt(why, whysz, "must not be empty");
+			return -1;
+		}
+		string_set(f, s, k->type == T_SECRET);
+		return 0;
+	case T_SECRET_ENV:
+		if (!env_name_ok(s)) {
+			strfmt(why, whysz, "expected an environment variable "
+			    "name, got %s", q);
+			return -1;
+		}
+		string_set(f, s, false);
+		return 0;
+	case T_INT:
+		rc = parse_int(s, &v);
+		if (rc == -1) {
+			strfmt(why, whysz, "expected an integer, got %s", q);
+			return -1;
+		}
+		if (rc == -2 || v < k->min || v > k->max) {
+			strfmt(why, whysz, "must be between %" PRId64 " and %"
+			    PRId64 ", got %s", k->min, k->max, s);
+			return -1;
+		}
+		*(int *)f = (int)v;
+		return 0;
+	case T_BOOL:
+		if (strcmp(s, "true") == 0 || strcmp(s, "True") == 0 ||
+		    strcmp(s, "TRUE") == 0)
+			*(bool *)f = true;
+		else if (strcmp(s, "false") == 0 || strcmp(s, "False") == 0 ||
+		    strcmp(s, "FALSE") == 0)
+			*(bool *)f = false;
+		else {
+			strfmt(why, whysz, "expected true or false, got %s", q);
+			return -1;
+		}
+		return 0;
+	case T_DURATION:
+		rc = parse_duration(s, &v);
+		if (rc == -1) {
+			strfmt(why, whysz, "expected %s, got %s",
+			    type_wants(k, wants, sizeof(wants)), q);
+			return -1;
+		}
+		if (rc == -2) {
+			strfmt(why, whysz, "%s needs a unit such as 10s", q);
+			return -1;
+		}
+		if (rc == -3 || v < k->min || v > k->max) {
+			strfmt(why, whysz, "must be between %s and %s, got %s",
+			    fmt_duration(lo, sizeof(lo), k->min),
+			    fmt_duration(hi, sizeof(hi), k->max), s);
+			return -1;
+		}
+		if (k->flags & F_SECONDS) {
+			if (v % 1000 != 0) {
+				strfmt(why, whysz, "must be whole seconds, "
+				    "got %s", s);
+				return -1;
+			}
+			*(int *)f = (int)(v / 1000);
+		} else {
+			*(int64_t *)f = v;
+		}
+		return 0;
+	case T_SIZE:
+		rc = parse_size(s, &v);
+		if (rc == -1) {
+			strfmt(why, whysz, "expected %s, got %s",
+			    type_wants(k, wants, sizeof(wants)), q);
+			return -1;
+		}
+		if (rc == -2 || v < k->min || v > k->max) {
+			strfmt(why, whysz, "must be between %s and %s, got %s",
+			    fmt_size(lo, sizeof(lo), k->min),
+			    fmt_size(hi, sizeof(hi), k->max), s);
+			return -1;
+		}
+		*(size_t *)f = (size_t)v;
+		return 0;
+	case T_FLOAT:
+		if (parse_float(s, &d) != 0) {
+			strfmt(why, whysz, "expected a number, got %s", q);
+			return -1;
+		}
+		if (d < k->fmin || d > k->fmax) {
+			strfmt(why, whysz, "must be between %g and %g, got %s",
+			    k->fmin, k->fmax, s);
+			return -1;
+		}
+		*(double *)f = d;
+		return 0;
+	case T_ENUM:
+		for (const struct enum_name *e = k->names; e->name; e++) {
+			if (strcmp(s, e->name) != 0)
+				continue;
+			if (k->flags & F_AS_BOOL)
+				*(bool *)f = e->value != 0;
+			else
+				*(int *)f = e->value;
+			return 0;
+		}
+		strfmt(why, whysz, "expected %s, got %s",
+		    type_wants(k, wants, sizeof(wants)), q);
+		return -1;
+	case T_NODES: {
+		struct broker_conf *b = f;
+		char *host;
+		int port;
+
+		if (hostport_parse(s, k->port, k->port, &host, &port, why,
+		    whysz) != 0)
+			return -1;
+		nodes_clear(b);
+		b->nodes[0].host = host;
+		b->nodes[0].port = port;
+		b->n_nodes = 1;
+		return 0;
+	}
+	case T_ADDRESS: {
+		char *host;
+		int port = 0;
+
+		/* A unix socket keeps its prefix so the lock module can
+		 * tell it from a host name; its port is 0. */
+		if (strncmp(s, "unix:", 5) == 0) {
+			if (s[5] != '/') {
+				strfmt(why, whysz, "a unix socket path must "
+				    "be absolute, got %s", q);
+				return -1;
+			}
+			host = xstrdup(s);
+		} else if (hostport_parse(s, k->port, k->port, &host, &port,
+		    why, whysz) != 0) {
+			return -1;
+		}
+		free(*(char **)f);
+		*(char **)f = host;
+		*(int *)field(c, k->off2) = port;
+		return 0;
+	}
+	case T_LISTEN: {
+		char *host;
+		int port;
+
+		if (*s != '\0') {
+			if (hostport_parse(s, 0, 9187, &host, &port, why,
+			    whysz) != 0)
+				return -1;
+			free(host);
+		}
+		string_set(f, s, false);
+		return 0;
+	}
+	}
+	strfmt(why, whysz, "unknown key type");
+	return -1;
+}
+
+static int
+key_find(const char *name)
+{
+	for (size_t i = 0; i < N_KEYS; i++)
+		if (strcmp(keys[i].name, name) == 0)
+			return (int)i;
+	return -1;
+}
+
+/* A section is a proper prefix of some key: "rabbitmq", "rabbitmq.tls". */
+static bool
+is_section(const char *path)
+{
+	size_t n = strlen(path);
+
+	for (size_t i = 0; i < N_KEYS; i++)
+		if (strncmp(keys[i].name, path, n) == 0 &&
+		    keys[i].name[n] == '.')
+			return true;
+	return false;
+}
+
+/* Levenshtein distance, ignoring case; SIZE_MAX for long names. */
+static size_t
+edit_distance(const char *a, const char *b)
+{
+	size_t la = strlen(a), lb = strlen(b), row[65];
+
+	if (la > 64 || lb > 64)
+		return SIZE_MAX;
+	for (size_t j = 0; j <= lb; j++)
+		row[j] = j;
+	for (size_t i = 1; i <= la; i++) {
+		size_t diag = row[0];
+
+		row[0] = i;
+		for (size_t j = 1; j <= lb; j++) {
+			size_t up = row[j];
+			size_t cost = tolower((unsigned char)a[i - 1]) !=
+			    tolower((unsigned char)b[j - 1]);
+			size_t best = diag + cost;
+
+			if (up + 1 < best)
+				best = up + 1;
+			if (row[j - 1] + 1 < best)
+				best = row[j - 1] + 1;
+			row[j] = best;
+			diag = up;
+		}
+	}
+	return row[lb];
+}
+
+/*
+ * Finds what an unknown key under prefix probably meant: a sibling spelt
+ * nearly the same ("nodez" → "nodes"), else a key or section of the same
+ * name in another section ("relay.jitter" → "backoff.jitter").  Every
+ * key and every section is a candidate.  Returns false if nothing fits.
+ */
+static bool
+suggest(const char *prefix, const char *name, char *out, size_t size)
+{
+	size_t plen = strlen(prefix), best = SIZE_MAX;
+	bool found = false;
+
+	for (int pass = 0; pass < 2 && !found; pass++) {
+		for (size_t i = 0; i < N_KEYS; i++) {
+			const char *k = keys[i].name, *seg = k;
+
+			for (const char *p = k;; p++) {
+				char path[128], s[64];
+				size_t seglen, d;
+				bool sibling;
+
+				if (*p != '.' && *p != '\0')
+					continue;
+				/* path = k[0, p), its last segment seg. */
+				seglen = (size_t)(p - seg);
+				if ((size_t)(p - k) >= sizeof(path) ||
+				    seglen >= sizeof(s))
+					break;
+				memcpy(path, k, (size_t)(p - k));
+				path[p - k] = '\0';
+				memcpy(s, seg, seglen);
+				s[seglen] = '\0';
+				sibling = (plen == 0 && seg == k) ||
+				    (plen > 0 && seg == k + plen + 1 &&
+				    strncmp(k, prefix, plen) == 0);
+				if (pass == 0 && sibling) {
+					d = edit_distance(name, s);
+					if (d < best && d <= 2 &&
+					    d * 3 <= seglen) {
+						best = d;
+						strfmt(out, size, "%s", path);
+						found = true;
+					}
+				} else if (pass == 1 && !sibling &&
+				    strcasecmp(name, s) == 0) {
+					strfmt(out, size, "%s", path);
+					return true;
+				}
+				if (*p == '\0')
+					break;
+				seg = p + 1;
+			}
+		}
+	}
+	return found;
+}
+
+static yaml_node_t *
+node_get(struct loader *L, int index)
+{
+	return yaml_document_get_node(L->doc, index);
+}
+
+static void
+nodes_from_list(struct loader *L, const struct key *k, yaml_node_t *list,
+    bool *ok)
+{
+	struct broker_node tmp[BROKER_MAX_NODES];
+	struct broker_conf *b = field(L->c, k->off);
+	yaml_node_item_t *it = list->data.sequence.items.start;
+	size_t n = (size_t)(list->data.sequence.items.top - it), got = 0;
+	char why[512];
+
+	*ok = false;
+	if (n == 0) {
+		problem(L, &list->start_mark, "%s: needs at least one node",
+		    k->name);
+		return;
+	}
+	if (n > BROKER_MAX_NODES) {
+		problem(L, &list->start_mark, "%s: at most %d nodes are "
+		    "allowed, got %zu", k->name, BROKER_MAX_NODES, n);
+		return;
+	}
+	for (size_t i = 0; i < n; i++) {
+		yaml_node_t *item = node_get(L, it[i]);
+		const char *s;
+
+		if (item->type != YAML_SCALAR_NODE) {
+			problem(L, &item->start_mark, "%s: expected "
+			    "\"host:port\", got %s", k->name, node_kind(item));
+			continue;
+		}
+		s = is_null(item) ? "" : (const char *)item->data.scalar.value;
+		if (hostport_parse(s, k->port, k->port, &tmp[got].host,
+		    &tmp[got].port, why, sizeof(why)) != 0) {
+			problem(L, &item->start_mark, "%s: %s", k->name, why);
+			continue;
+		}
+		got++;
+	}
+	if (got < n) {
+		for (size_t i = 0; i < got; i++)
+			free(tmp[i].host);
+		return;
+	}
+	nodes_clear(b);
+	memcpy(b->nodes, tmp, n * sizeof(tmp[0]));
+	b->n_nodes = n;
+	*ok = true;
+}
+
+static void
+key_set(struct loader *L, int ki, yaml_node_t *kn, yaml_node_t *vn)
+{
+	const struct key *k = &keys[ki];
+	struct seen *sn = &L->seen[ki];
+	char why[1024], wants[300];
+	const char *s;
+	bool ok;
+
+	sn->key_mark = kn->start_mark;
+	sn->val_mark = vn->start_mark;
+	if (vn->type == YAML_SEQUENCE_NODE && k->type == T_NODES) {
+		nodes_from_list(L, k, vn, &ok);
+		sn->given = ok;
+		return;
+	}
+	if (vn->type != YAML_SCALAR_NODE) {
+		problem(L, &vn->start_mark, "%s: expected %s, got %s", k->name,
+		    type_wants(k, wants, sizeof(wants)), node_kind(vn));
+		return;
+	}
+	s = (const char *)vn->data.scalar.value;
+	if (strlen(s) != vn->data.scalar.length) {
+		problem(L, &vn->start_mark, "%s: must not contain a NUL byte",
+		    k->name);
+		return;
+	}
+	if (is_null(vn)) {
+		/* An empty secret is the same as leaving it out, so that a
+		 * commented-out value under the key does not surprise. */
+		if (is_secret_type(k->type))
+			return;
+		if (k->flags & F_OPTIONAL) {
+			string_set(field(L->c, k->off), NULL, false);
+			return;
+		}
+		problem(L, &vn->start_mark, "%s: needs a value", k->name);
+		return;
+	}
+	if (value_set(L->c, k, s, why, sizeof(why)) != 0) {
+		problem(L, &vn->start_mark, "%s: %s", k->name, why);
+		return;
+	}
+	sn->given = true;
+}
+
+static void
+walk(struct loader *L, yaml_node_t *map, const char *prefix)
+{
+	yaml_node_pair_t *pairs = map->data.mapping.pairs.start;
+	size_t n = (size_t)(map->data.mapping.pairs.top - pairs);
+
+	for (size_t i = 0; i < n; i++) {
+		yaml_node_t *kn = node_get(L, pairs[i].key);
+		yaml_node_t *vn = node_get(L, pairs[i].value);
+		char path[256], q[ECHO_MAX * 4 + 8], hint[256];
+		const char *name;
+		bool dup = false;
+		int ki;
+
+		if (kn->type != YAML_SCALAR_NODE) {
+			problem(L, &kn->start_mark, "expected a key name, got "
+			    "%s", node_kind(kn));
+			continue;
+		}
+		name = (const char *)kn->data.scalar.value;
+		for (size_t j = 0; j < i && !dup; j++) {
+			yaml_node_t *other = node_get(L, pairs[j].key);
+
+			if (other->type == YAML_SCALAR_NODE &&
+			    strcmp((const char *)other->data.scalar.value,
+			    name) == 0) {
+				dup = true;
+				strfmt(path, sizeof(path), "%s%s%s", prefix,
+				    *prefix ? "." : "", name);
+				problem(L, &kn->start_mark, "duplicate key %s "
+				    "(first at line %lu)",
+				    echo(q, sizeof(q), path),
+				    (unsigned long)other->start_mark.line + 1);
+			}
+		}
+		if (dup)
+			continue;
+		if ((size_t)snprintf(path, sizeof(path), "%s%s%s", prefix,
+		    *prefix ? "." : "", name) >= sizeof(path) ||
+		    strlen(name) != kn->data.scalar.length) {
+			problem(L, &kn->start_mark, "unknown key %s",
+			    echo(q, sizeof(q), name));
+			continue;
+		}
+		ki = key_find(path);
+		if (ki >= 0) {
+			key_set(L, ki, kn, vn);
+		} else if (is_section(path)) {
+			if (vn->type == YAML_MAPPING_NODE)
+				walk(L, vn, path);
+			else if (!is_null(vn))
+				problem(L, &vn->start_mark, "%s: expected a "
+				    "mapping, got %s", path, node_kind(vn));
+		} else if (suggest(prefix, name, hint, sizeof(hint))) {
+			problem(L, &kn->start_mark, "unknown key %s (did you "
+			    "mean \"%s\"?)", echo(q, sizeof(q), path), hint);
+		} else {
+			problem(L, &kn->start_mark, "unknown key %s",
+			    echo(q, sizeof(q), path));
+		}
+	}
+}
+
+/* Reads the first line of a password file, refusing one that others can
+ * read: a secret in a world-readable file is no secret. */
+static char *
+secret_file_read(const char *path, char *why, size_t whysz)
+{
+	char q[ECHO_MAX * 4 + 8], buf[SECRET_MAX_BYTES + 1];
+	char *secret = NULL, *nl;
+	struct stat st;
+	size_t len = 0;
+	int fd;
+
+	echo(q, sizeof(q), path);
+	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+	if (fd == -1) {
+		strfmt(why, whysz, "cannot open %s: %s", q, strerror(errno));
+		return NULL;
+	}
+	if (fstat(fd, &st) == -1) {
+		strfmt(why, whysz, "cannot stat %s: %s", q, strerror(errno));
+		goto fail;
+	}
+	if (!S_ISREG(st.st_mode)) {
+		strfmt(why, whysz, "%s is not a regular file", q);
+		goto fail;
+	}
+	if (st.st_mode & (S_IRWXG | S_IRWXO)) {
+		strfmt(why, whysz, "%s is accessible by group or others "
+		    "(mode %04o); run chmod 600 on it", q,
+		    (unsigned)(st.st_mode & 07777));
+		goto fail;
+	}
+	while (len < sizeof(buf) - 1) {
+		ssize_t r = read(fd, buf + len, sizeof(buf) - 1 - len);
+
+		if (r == -1 && errno == EINTR)
+			continue;
+		if (r == -1) {
+			strfmt(why, whysz, "cannot read %s: %s", q,
+			    strerror(errno));
+			goto fail;
+		}
+		if (r == 0)
+			break;
+		len += (size_t)r;
+	}
+	buf[len] = '\0';
+	nl = memchr(buf, '\n', len);
+	if (nl == NULL && len == sizeof(buf) - 1) {
+		strfmt(why, whysz, "the first line of %s is longer than %d "
+		    "bytes", q, SECRET_MAX_BYTES - 1);
+		goto fail;
+	}
+	if (nl != NULL)
+		*nl = '\0';
+	len = strlen(buf);
+	if (len > 0 && buf[len - 1] == '\r')
+		buf[--len] = '\0';
+	if (len == 0) {
+		strfmt(why, whysz, "%s is empty", q);
+		goto fail;
+	}
+	secret = xstrdup(buf);
+fail:
+	explicit_bzero(buf, sizeof(buf));
+	close(fd);
+	return secret;
+}
+
+/* Enforces at most one source per password and reads env and files. */
+static void
+secrets_resolve(struct loader *L)
+{
+	for (size_t g = 1; g < N_GROUPS; g++) {
+		const struct key *given[3];
+		int idx[3], n = 0;
+		char why[1024];
+		char *secret = NULL;
+
+		for (size_t i = 0; i < N_KEYS; i++) {
+			if (keys[i].group != (int)g || !L->seen[i].given)
+				continue;
+			given[n] = &keys[i];
+			idx[n++] = (int)i;
+		}
+		if (n == 0)
+			continue;
+		if (n > 1) {
+			/* Point at whichever came second in the file. */
+			const yaml_mark_t *m = &L->seen[idx[0]].key_mark;
+
+			for (int i = 1; i < n; i++)
+				if (L->seen[idx[i]].key_mark.index > m->index)
+					m = &L->seen[idx[i]].key_mark;
+			problem(L, m, "%s: set only one of password, "
+			    "password_env and password_file", group_section[g]);
+			continue;
+		}
+		if (given[0]->type == T_SECRET)
+			continue;	/* already stored */
+		if (given[0]->type == T_SECRET_ENV) {
+			const char *var = *(char **)field(L->c, given[0]->off);
+			const char *val = getenv(var);
+
+			if (val == NULL)
+				strfmt(why, sizeof(why), "environment variable "
+				    "%s is not set", var);
+			else if (*val == '\0')
+				strfmt(why, sizeof(why), "environment variable "
+				    "%s is empty", var);
+			else
+				secret = xstrdup(val);
+		} else {
+			secret = secret_file_read(
+			    *(char **)field(L->c, given[0]->off), why,
+			    sizeof(why));
+		}
+		if (secret == NULL) {
+			problem(L, &L->seen[idx[0]].val_mark, "%s: %s",
+			    given[0]->name, why);
+			continue;
+		}
+		for (size_t i = 0; i < N_KEYS; i++) {
+			if (keys[i].group == (int)g && keys[i].type == T_SECRET) {
+				char **dst = field(L->c, keys[i].off);
+
+				secret_free(*dst);
+				*dst = secret;
+			}
+		}
+	}
+}
+
+/* The mark of the first key given under section, for errors that are
+ * about the section as a whole; NULL if none was given. */
+static const yaml_mark_t *
+section_mark(struct loader *L, const char *section)
+{
+	const yaml_mark_t *m = NULL;
+	size_t n = strlen(section);
+
+	for (size_t i = 0; i < N_KEYS; i++) {
+		if (!L->seen[i].given || strncmp(keys[i].name, section, n) != 0 ||
+		    keys[i].name[n] != '.')
+			continue;
+		if (m == NULL || L->seen[i].key_mark.index < m->index)
+			m = &L->seen[i].key_mark;
+	}
+	return m;
+}
+
+/* Rules that span several keys. */
+static void
+cross_check(struct loader *L)
+{
+	struct broker_conf *b = &L->c->broker;
+	const char *msg;
+	int ki;
+
+	secrets_resolve(L);
+	if ((b->tls_cert_file == NULL) != (b->tls_key_file == NULL)) {
+		bool cert = b->tls_cert_file != NULL;
+
+		ki = key_find(cert ? "rabbitmq.tls.cert_file" :
+		    "rabbitmq.tls.key_file");
+		problem(L, L->seen[ki].given ? &L->seen[ki].val_mark : NULL,
+		    "%s: needs rabbitmq.tls.%s too", keys[ki].name,
+		    cert ? "key_file" : "cert_file");
+	}
+	msg = backoff_params_check(&L->c->relay.backoff);
+	if (msg != NULL)
+		problem(L, section_mark(L, "backoff"), "backoff: %s", msg);
+	msg = backoff_params_check(&L->c->relay.reconnect);
+	if (msg != NULL)
+		problem(L, section_mark(L, "reconnect"), "reconnect: %s", msg);
+}
+
+/* libyaml keeps scalars in the document; wipe every password value in it
+ * before the memory goes back to malloc. */
+static void
+document_wipe_secrets(yaml_document_t *doc)
+{
+	for (yaml_node_t *n = doc->nodes.start; n < doc->nodes.top; n++) {
+		if (n->type != YAML_MAPPING_NODE)
+			continue;
+		for (yaml_node_pair_t *p = n->data.mapping.pairs.start;
+		    p < n->data.mapping.pairs.top; p++) {
+			yaml_node_t *k = yaml_document_get_node(doc, p->key);
+			yaml_node_t *v = yaml_document_get_node(doc, p->value);
+
+			if (k->type == YAML_SCALAR_NODE &&
+			    v->type == YAML_SCALAR_NODE &&
+			    strcmp((char *)k->data.scalar.value,
+			    "password") == 0)
+				explicit_bzero(v->data.scalar.value,
+				    v->data.scalar.length);
+		}
+	}
+}
+
+static void
+syntax_problem(struct loader *L, const yaml_parser_t *parser,
+    const char *yaml, size_t len)
+{
+	yaml_mark_t m;
+
+	if (parser->error == YAML_MEMORY_ERROR) {
+		fprintf(stderr, "outboxd: out of memory parsing YAML\n");
+		abort();
+	}
+	if (parser->error == YAML_READER_ERROR) {
+		/* Reader errors carry a byte offset, not a mark. */
+		memset(&m, 0, sizeof(m));
+		for (size_t i = 0; i < parser->problem_offset && i < len; i++) {
+			if (yaml[i] == '\n') {
+				m.line++;
+				m.column = 0;
+			} else {
+				m.column++;
+			}
+		}
+		problem(L, &m, "invalid input: %s", parser->problem);
+		return;
+	}
+	if (parser->context != NULL)
+		problem(L, &parser->problem_mark, "syntax error: %s (%s at "
+		    "line %lu)", parser->problem, parser->context,
+		    (unsigned long)parser->context_mark.line + 1);
+	else
+		problem(L, &parser->problem_mark, "syntax error: %s",
+		    parser->problem ? parser->problem : "unknown");
+}
+
+static int
+load(struct config *c, const char *name, const char *yaml, size_t len,
+    FILE *errs)
+{
+	yaml_parser_t parser;
+	yaml_document_t doc, extra;
+	struct loader *L;
+	yaml_node_t *root;
+	int rc = -1;
+
+	L = xcalloc(1, sizeof(*L));
+	L->name = name;
+	L->c = c;
+	L->doc = &doc;
+	config_defaults(c);
+	if (!yaml_parser_initialize(&parser)) {
+		fprintf(stderr, "outboxd: out of memory\n");
+		abort();
+	}
+	yaml_parser_set_input_string(&parser,
+	    (const unsigned char *)(yaml ? yaml : ""), yaml ? len : 0);
+	if (!yaml_parser_load(&parser, &doc)) {
+		syntax_problem(L, &parser, yaml, len);
+		goto out;
+	}
+	root = yaml_document_get_root_node(&doc);
+	if (root == NULL || is_null(root)) {
+		/* An empty file (or only comments): every default. */
+	} else if (root->type != YAML_MAPPING_NODE) {
+		problem(L, &root->start_mark, "expected a mapping of "
+		    "sections, got %s", node_kind(root));
+	} else {
+		walk(L, root, "");
+	}
+	if (!yaml_parser_load(&parser, &extra)) {
+		syntax_problem(L, &parser, yaml, len);
+	} else {
+		root = yaml_document_get_root_node(&extra);
+		if (root != NULL)
+			problem(L, &extra.start_mark, "only one YAML document "
+			    "is allowed");
+		yaml_document_delete(&extra);
+	}
+	cross_check(L);
+	document_wipe_secrets(&doc);
+	yaml_document_delete(&doc);
+out:
+	yaml_parser_delete(&parser);
+	qsort(L->probs, L->n_probs, sizeof(*L->probs), problem_cmp);
+	for (size_t i = 0; i < L->n_probs; i++) {
+		problem_emit(name, L->probs[i].line, L->probs[i].col,
+		    L->probs[i].msg, errs);
+		free(L->probs[i].msg);
+	}
+	if (L->n_probs == 0) {
+		c->path = xstrdup(name);
+		rc = 0;
+	} else {
+		config_free(c);
+	}
+	free(L->probs);
+	free(L);
+	return rc;
+}
+
+void
+config_defaults(struct config *c)
+{
+	char why[512];
+
+	memset(c, 0, sizeof(*c));
+	/* init_ms and factor of relay.backoff have no key: rows bring
+	 * their own.  These are the fallbacks. */
+	backoff_params_default(&c->relay.backoff);
+	backoff_params_default(&c->relay.reconnect);
+	for (size_t i = 0; i < N_KEYS; i++) {
+		if (keys[i].def == NULL)
+			continue;
+		if (value_set(c, &keys[i], keys[i].def, why, sizeof(why)) != 0) {
+			/* A bad default is a bug in the table above. */
+			fprintf(stderr, "outboxd: default of %s: %s\n",
+			    keys[i].name, why);
+			abort();
+		}
+	}
+}
+
+int
+config_load_string(struct config *c, const char *name, const char *yaml,
+    size_t len, FILE *errs)
+{
+	return load(c, name, yaml, len, errs);
+}
+
+int
+config_load(struct config *c, const char *path, FILE *errs)
+{
+	char *buf = NULL;
+	size_t len = 0, cap = 0;
+	int fd, rc = -1;
+
+	memset(c, 0, sizeof(*c));
+	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+	if (fd == -1) {
+		problem_emit(path, 0, 0, strerror(errno), errs);
+		return -1;
+	}
+	/* Read to EOF rather than trust st_size: /dev/stdin works too. */
+	for (;;) {
+		ssize_t r;
+
+		if (len == cap) {
+			if (cap >= CONFIG_MAX_BYTES) {
+				problem_emit(path, 0, 0, "file is larger than "
+				    "1 MiB", errs);
+				goto fail;
+			}
+			cap = cap ? cap * 2 : 8192;
+			/* Grow by hand so the old copy, which may hold a
+			 * password, is wiped rather than left in free(). */
+			char *nbuf = xmalloc(cap);
+
+			if (buf != NULL) {
+				memcpy(nbuf, buf, len);
+				explicit_bzero(buf, len);
+				free(buf);
+			}
+			buf = nbuf;
+		}
+		r = read(fd, buf + len, cap - len);
+		if (r == -1 && errno == EINTR)
+			continue;
+		if (r == -1) {
+			problem_emit(path, 0, 0, strerror(errno), errs);
+			goto fail;
+		}
+		if (r == 0)
+			break;
+		len += (size_t)r;
+	}
+	rc = load(c, path, buf, len, errs);
+fail:
+	if (buf != NULL) {
+		explicit_bzero(buf, cap);
+		free(buf);
+	}
+	close(fd);
+	return rc;
+}
+
+void
+config_free(struct config *c)
+{
+	if (c == NULL)
+		return;
+	for (size_t i = 0; i < N_KEYS; i++) {
+		const struct key *k = &keys[i];
+		void *f = field(c, k->off);
+
+		switch (k->type) {
+		case T_STRING:
+		case T_SECRET_ENV:
+		case T_SECRET_FILE:
+		case T_LISTEN:
+		case T_ADDRESS:
+			free(*(char **)f);
+			break;
+		case T_SECRET:
+			secret_free(*(char **)f);
+			break;
+		case T_NODES:
+			nodes_clear(f);
+			break;
+		default:
+			break;
+		}
+	}
+	free(c->path);
+	memset(c, 0, sizeof(*c));
+}
+
+/*
+ * Writes a conninfo with any password replaced by <set>: both the
+ * keyword form (password=x, password='a b') and the URI forms
+ * (user:x@host, ?password=x).
+ */
+static void
+conninfo_dump(FILE *out, const char *s)
+{
+	const char *p = s;
+
+	fputc('"', out);
+	if (strncmp(s, "postgresql://", 13) == 0 ||
+	    strncmp(s, "postgres://", 11) == 0) {
+		const char *auth = strstr(s, "://") + 3;
+		const char *end = auth + strcspn(auth, "/?#");
+		const char *at = NULL, *colon;
+
+		for (const char *c = auth; c < end; c++)
+			if (*c == '@')
+				at = c;
+		colon = at ? memchr(auth, ':', (size_t)(at - auth)) : NULL;
+		if (colon != NULL) {
+			fprintf(out, "%.*s<set>", (int)(colon + 1 - s), s);
+			p = at;
+		}
+		while (*p != '\0') {
+			if ((*p == '?' || *p == '&') &&
+			    strncmp(p + 1, "password=", 9) == 0) {
+				fprintf(out, "%cpassword=<set>", *p);
+				p += 10 + strcspn(p + 10, "&#");
+				continue;
+			}
+			fputc(*p++, out);
+		}
+		fputs("\"\n", out);
+		return;
+	}
+	while (*p != '\0') {
+		const char *kw = p + strspn(p, " \t\n"), *v;
+		size_t kwlen = strcspn(kw, " \t\n=");
+
+		fprintf(out, "%.*s", (int)(kw - p), p);
+		if (*kw == '\0')
+			break;
+		v = kw + kwlen;
+		v += strspn(v, " \t\n");
+		if (*v != '=') {
+			/* Not keyword=value: print the rest untouched. */
+			fputs(kw, out);
+			break;
+		}
+		v++;
+		v += strspn(v, " \t\n");
+		p = v;
+		if (*p == '\'') {
+			for (p++; *p != '\0' && *p != '\''; p++)
+				if (*p == '\\' && p[1] != '\0')
+					p++;
+			if (*p == '\'')
+				p++;
+		} else {
+			p += strcspn(p, " \t\n");
+		}
+		if (kwlen == 8 && strncmp(kw, "password", 8) == 0)
+			fprintf(out, "%.*s<set>", (int)(v - kw), kw);
+		else
+			fprintf(out, "%.*s", (int)(p - kw), kw);
+	}
+	fputs("\"\n", out);
+}
+
+static void
+string_dump(FILE *out, const char *s)
+{
+	fputc('"', out);
+	for (; *s != '\0'; s++) {
+		unsigned char ch = (unsigned char)*s;
+
+		if (ch == '"' || ch == '\\')
+			fprintf(out, "\\%c", ch);
+		else if (ch < ' ' || ch == 0x7f)
+			fprintf(out, "\\x%02x", ch);
+		else
+			fputc(ch, out);
+	}
+	fputc('"', out);
+}
+
+static void
+hostport_dump(FILE *out, const char *host, int port)
+{
+	char buf[300];
+
+	if (port == 0)
+		strfmt(buf, sizeof(buf), "%s", host);
+	else if (strchr(host, ':') != NULL)
+		strfmt(buf, sizeof(buf), "[%s]:%d", host, port);
+	else
+		strfmt(buf, sizeof(buf), "%s:%d", host, port);
+	string_dump(out, buf);
+}
+
+static const char *
+enum_name_of(const struct key *k, int v)
+{
+	for (const struct enum_name *e = k->names; e->name != NULL; e++)
+		if (e->value == v)
+			return e->name;
+	return "?";
+}
+
+static int
+enum_get(const struct config *c, const struct key *k)
+{
+	const void *f = cfield(c, k->off);
+
+	if (k->flags & F_AS_BOOL)
+		return *(const bool *)f ? 1 : 0;
+	return *(const int *)f;
+}
+
+void
+config_dump(const struct config *c, FILE *out)
+{
+	for (size_t i = 0; i < N_KEYS; i++) {
+		const struct key *k = &keys[i];
+		const void *f = cfield(c, k->off);
+		char buf[64];
+
+		fprintf(out, "%s: ", k->name);
+		switch (k->type) {
+		case T_STRING:
+		case T_SECRET_ENV:
+		case T_SECRET_FILE:
+		case T_LISTEN:
+			if (*(char *const *)f == NULL)
+				fputs("<unset>", out);
+			else if (k->flags & F_CONNINFO) {
+				conninfo_dump(out, *(char *const *)f);
+				continue;
+			} else
+				string_dump(out, *(char *const *)f);
+			break;
+		case T_SECRET:
+			fputs(*(char *const *)f ? "<set>" : "<unset>", out);
+			break;
+		case T_INT:
+			fprintf(out, "%d", *(const int *)f);
+			break;
+		case T_BOOL:
+			fputs(*(const bool *)f ? "true" : "false", out);
+			break;
+		case T_DURATION:
+			fputs(fmt_duration(buf, sizeof(buf),
+			    k->flags & F_SECONDS ?
+			    (int64_t)*(const int *)f * 1000 :
+			    *(const int64_t *)f), out);
+			break;
+		case T_SIZE:
+			fputs(fmt_size(buf, sizeof(buf),
+			    (int64_t)*(const size_t *)f), out);
+			break;
+		case T_FLOAT:
+			fprintf(out, "%g", *(const double *)f);
+			break;
+		case T_ENUM:
+			fputs(enum_name_of(k, enum_get(c, k)), out);
+			break;
+		case T_NODES: {
+			const struct broker_conf *b = f;
+
+			fputc('[', out);
+			for (size_t j = 0; j < b->n_nodes; j++) {
+				if (j > 0)
+					fputs(", ", out);
+				hostport_dump(out, b->nodes[j].host,
+				    b->nodes[j].port);
+			}
+			fputc(']', out);
+			break;
+		}
+		case T_ADDRESS:
+			if (*(char *const *)f == NULL)
+				fputs("<unset>", out);
+			else
+				hostport_dump(out, *(char *const *)f,
+				    *(const int *)cfield(c, k->off2));
+			break;
+		}
+		fputc('\n', out);
+	}
+}
+
+const char *const *
+config_keys(void)
+{
+	static const char *names[N_KEYS + 1];
+
+	if (names[0] == NULL)
+		for (size_t i = 0; i < N_KEYS; i++)
+			names[i] = keys[i].name;
+	return names;
+}
+
+static bool
+str_eq(const char *a, const char *b)
+{
+	if (a == NULL || b == NULL)
+		return a == b;
+	return strcmp(a, b) == 0;
+}
+
+static bool
+key_equal(const struct config *a, const struct config *b, const struct key *k)
+{
+	const void *fa = cfield(a, k->off), *fb = cfield(b, k->off);
+
+	switch (k->type) {
+	case T_STRING:
+	case T_SECRET:
+	case T_SECRET_ENV:
+	case T_SECRET_FILE:
+	case T_LISTEN:
+		return str_eq(*(char *const *)fa, *(char *const *)fb);
+	case T_ADDRESS:
+		return str_eq(*(char *const *)fa, *(char *const *)fb) &&
+		    *(const int *)cfield(a, k->off2) ==
+		    *(const int *)cfield(b, k->off2);
+	case T_INT:
+		return *(const int *)fa == *(const int *)fb;
+	case T_BOOL:
+		return *(const bool *)fa == *(const bool *)fb;
+	case T_DURATION:
+		if (k->flags & F_SECONDS)
+			return *(const int *)fa == *(const int *)fb;
+		return *(const int64_t *)fa == *(const int64_t *)fb;
+	case T_SIZE:
+		return *(const size_t *)fa == *(const size_t *)fb;
+	case T_FLOAT:
+		return *(const double *)fa == *(const double *)fb;
+	case T_ENUM:
+		return enum_get(a, k) == enum_get(b, k);
+	case T_NODES: {
+		const struct broker_conf *x = fa, *y = fb;
+
+		if (x->n_nodes != y->n_nodes)
+			return false;
+		for (size_t i = 0; i < x->n_nodes; i++)
+			if (!str_eq(x->nodes[i].host, y->nodes[i].host) ||
+			    x->nodes[i].port != y->nodes[i].port)
+				return false;
+		return true;
+	}
+	}
+	return false;
+}
+
+int
+config_reload_check(const struct config *old, const struct config *next,
+    FILE *warn)
+{
+	int n = 0;
+
+	for (size_t i = 0; i < N_KEYS; i++) {
+		const struct key *k = &keys[i];
+
+		if (k->flags & F_RELOAD || key_equal(old, next, k))
+			continue;
+		n++;
+		if (warn != NULL)
+			fprintf(warn, "%s changed; restart outboxd to apply "
+			    "it\n", k->name);
+		else
+			log_warn("config change needs a restart", "key=%s",
+			    k->name);
+	}
+	return n;
+}
+
+void
+config_reload_apply(struct config *cur, const struct config *next)
+{
+	for (size_t i = 0; i < N_KEYS; i++) {
+		const struct key *k = &keys[i];
+		void *dst = field(cur, k->off);
+		const void *src = cfield(next, k->off);
+
+		if (!(k->flags & F_RELOAD))
+			continue;
+		switch (k->type) {
+		case T_INT:
+			*(int *)dst = *(const int *)src;
+			break;
+		case T_BOOL:
+			*(bool *)dst = *(const bool *)src;
+			break;
+		case T_DURATION:
+			if (k->flags & F_SECONDS)
+				*(int *)dst = *(const int *)src;
+			else
+				*(int64_t *)dst = *(const int64_t *)src;
+			break;
+		case T_SIZE:
+			*(size_t *)dst = *(const size_t *)src;
+			break;
+		case T_FLOAT:
+			*(double *)dst = *(const double *)src;
+			break;
+		case T_ENUM:
+			if (k->flags & F_AS_BOOL)
+				*(bool *)dst = *(const bool *)src;
+			else
+				*(int *)dst = *(const int *)src;
+			break;
+		case T_STRING:
+		case T_LISTEN:
+			string_set(dst, *(char *const *)src, false);
+			break;
+		default:
+			/* Secrets, nodes and addresses shape connections
+			 * and are never marked reloadable. */
+			abort();
+		}
+	}
+}
+
+int
+config_reload(struct config *cur, FILE *errs)
+{
+	struct config next;
+
+	if (cur->path == NULL)
+		return -1;
+	if (config_load(&next, cur->path, errs) != 0)
+		return -1;
+	(void)config_reload_check(cur, &next, NULL);
+	config_reload_apply(cur, &next);
+	config_free(&next);
+	return 0;
+}
+
+int
+config_check_file(const char *path, FILE *out)
+{
+	struct config c;
+
+	if (config_load(&c, path, out) != 0)
+		return 1;
+	config_free(&c);
+	fprintf(out, "configuration OK\n");
+	return 0;
+}

@@ -1,0 +1,34 @@
+/*
+ * Logging: one logfmt line per event on stderr (ts=… level=… msg=… k=v),
+ * which journald and docker collect as they are.  Never log secrets.
+ */
+#ifndef OUTBOXD_LOG_H
+#define OUTBOXD_LOG_H
+
+enum log_level { LOG_DEBUG, LOG_INFO, LOG_WARN, LOG_ERROR };
+
+void log_set_level(enum log_level);
+enum log_level log_get_level(void);
+int log_level_parse(const char *, enum log_level *);
+const char *log_level_name(enum log_level);
+
+/*
+ * msg is a short fixed event name ("batch published"); fmt, if not NULL,
+ * appends key=value fields.  Values that may hold spaces must be passed
+ * through log_quote() or printed with %s of a quoted buffer.
+ */
+void log_event(enum log_level, const char *msg, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+#define log_debug(msg, ...) log_event(LOG_DEBUG, msg, __VA_ARGS__)
+#define log_info(msg, ...) log_event(LOG_INFO, msg, __VA_ARGS__)
+#define log_warn(msg, ...) log_event(LOG_WARN, msg, __VA_ARGS__)
+#define log_error(msg, ...) log_event(LOG_ERROR, msg, __VA_ARGS__)
+
+/*
+ * Writes s into buf as a logfmt value: quoted and escaped when it holds
+ * spaces, quotes, '=' or control bytes; truncated to fit.  Returns buf.
+ */
+const char *log_quote(char *buf, unsigned long size, const char *s);
+
+#endif

@@ -1,0 +1,410 @@
+/*
+ * Relay: the cycle of the spec.  Claim due rows (locked in one
+ * transaction), publish them with confirms, mark each by its outcome and
+ * commit; reconnect with backoff when a server goes away.
+ */
+#include "relay.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+
+struct relay {
+	struct relay_conf conf;
+	struct store *store;
+	struct broker *broker;
+	struct backoff_rng rng;
+	struct relay_stats stats;
+	/* Reconnect pacing, one cursor per server. */
+	struct backoff_cursor store_retry, broker_retry;
+	int64_t store_retry_at, broker_retry_at; /* monotonic ms */
+	bool store_was_up, broker_was_up;
+	/* Per-batch arrays, grown to batch_size and reused. */
+	struct broker_msg *msgs;
+	struct broker_result *results;
+	struct store_mark *marks;
+	size_t *msg_row;	/* msgs[k] publishes rows[msg_row[k]] */
+	char (*errors)[320];	/* last_error text per row */
+	size_t cap;
+};
+
+struct relay *
+relay_new(const struct relay_conf *conf, struct store *store,
+    struct broker *broker)
+{
+	struct relay *r = xcalloc(1, sizeof(*r));
+
+	r->store = store;
+	r->broker = broker;
+	backoff_rng_seed_random(&r->rng);
+	relay_set_conf(r, conf);
+	backoff_cursor_init(&r->store_retry, &conf->reconnect);
+	backoff_cursor_init(&r->broker_retry, &conf->reconnect);
+	r->stats.last_progress_ms = now_mono_ms();
+	return r;
+}
+
+void
+relay_free(struct relay *r)
+{
+	if (r == NULL)
+		return;
+	free(r->msgs);
+	free(r->results);
+	free(r->marks);
+	free(r->msg_row);
+	free(r->errors);
+	free(r);
+}
+
+void
+relay_set_conf(struct relay *r, const struct relay_conf *conf)
+{
+	size_t n = (size_t)conf->batch_size;
+
+	r->conf = *conf;
+	r->store_retry.params = conf->reconnect;
+	r->broker_retry.params = conf->reconnect;
+	if (n <= r->cap)
+		return;
+	r->msgs = xrealloc(r->msgs, n * sizeof(*r->msgs));
+	r->results = xrealloc(r->results, n * sizeof(*r->results));
+	r->marks = xrealloc(r->marks, n * sizeof(*r->marks));
+	r->msg_row = xrealloc(r->msg_row, n * sizeof(*r->msg_row));
+	r->errors = xrealloc(r->errors, n * sizeof(*r->errors));
+	r->cap = n;
+}
+
+const struct relay_stats *
+relay_stats(const struct relay *r)
+{
+	return &r->stats;
+}
+
+bool
+relay_store_up(const struct relay *r)
+{
+	return store_connected(r->store);
+}
+
+bool
+relay_broker_up(const struct relay *r)
+{
+	return broker_connected(r->broker);
+}
+
+enum mark_kind
+relay_reschedule(const struct backoff_params *global,
+    const struct outbox_row *row, bool permanent, struct backoff_rng *rng,
+    int64_t *delay_ms, const char **note)
+{
+	struct backoff_params p = *global;
+
+	*delay_ms = 0;
+	*note = NULL;
+	if (permanent || row->current_retry_times + 1 >= row->max_retry_times)
+		return MARK_DEAD;
+	/* The row's own backoff replaces the global start and growth; a
+	 * row with unusable values still gets retried, on the defaults. */
+	p.init_ms = row->init_backoff_ms;
+	p.factor = row->backoff_factor;
+	p.max_attempts = 0;
+	if (backoff_params_check(&p) != NULL) {
+		*note = backoff_params_check(&p);
+		p = *global;
+		p.max_attempts = 0;
+	}
+	*delay_ms = backoff_delay(&p, row->current_retry_times, 0, rng);
+	if (*delay_ms < 0)	/* the strategy gave up (ethernet: 16) */
+		return MARK_DEAD;
+	return MARK_RETRY;
+}
+
+static const char *
+outcome_name(enum broker_outcome o)
+{
+	switch (o) {
+	case BROKER_ACKED:
+		return "acked";
+	case BROKER_NACKED:
+		return "nacked";
+	case BROKER_RETURNED:
+		return "unroutable";
+	case BROKER_REJECTED:
+		return "rejected";
+	case BROKER_UNKNOWN:
+		break;
+	}
+	return "unknown";
+}
+
+/* Marks row i as failed with reason, choosing retry or dead. */
+static void
+mark_failed(struct relay *r, const struct outbox_row *row, size_t i,
+    const char *reason, bool permanent)
+{
+	struct store_mark *m = &r->marks[i];
+	const char *note;
+
+	m->kind = relay_reschedule(&r->conf.backoff, row, permanent, &r->rng,
+	    &m->delay_ms, &note);
+	if (note != NULL)
+		snprintf(r->errors[i], sizeof(r->errors[i]),
+		    "%s (row backoff ignored: %s)", reason, note);
+	else
+		snprintf(r->errors[i], sizeof(r->errors[i]), "%s", reason);
+	m->error = r->errors[i];
+	if (m->kind == MARK_DEAD) {
+		char q[340];
+		r->stats.dead++;
+		log_warn("message dead", "id=%" PRId64 " attempts=%d error=%s",
+		    row->id, row->current_retry_times + 1,
+		    log_quote(q, sizeof(q), m->error));
+	} else {
+		r->stats.retried++;
+		log_info("message failed", "id=%" PRId64 " attempt=%d "
+		    "retry_in_ms=%" PRId64 " error=%s", row->id,
+		    row->current_retry_times + 1, m->delay_ms,
+		    log_quote((char[340]){ 0 }, 340, m->error));
+	}
+}
+
+/* Turns a claimed row into a message, or marks it failed up front. */
+static bool
+prepare_message(struct relay *r, const struct outbox_row *row, size_t i,
+    struct broker_msg *msg)
+{
+	if (row->row_error != NULL) {
+		mark_failed(r, row, i, row->row_error, true);
+		return false;
+	}
+	if (!row->has_content) {
+		/* A producer that writes the two rows in separate
+		 * transactions may commit the content a moment later. */
+		mark_failed(r, row, i, "no content row for this message",
+		    false);
+		return false;
+	}
+	memset(msg, 0, sizeof(*msg));
+	msg->id = row->id;
+	msg->exchange = row->exchange_name;
+	msg->exchange_type = row->exchange_type;
+	msg->routing_key = row->routing_key;
+	msg->body = row->content;
+	msg->body_len = row->content_len;
+	msg->content_type = *row->content_type ? row->content_type : NULL;
+	msg->timestamp_s = row->create_time_s;
+	msg->business_module = *row->business_module ? row->business_module :
+	    NULL;
+	msg->business_key = *row->business_key ? row->business_key : NULL;
+	msg->attempt = row->current_retry_times + 1;
+	msg->header_keys = row->header_keys;
+	msg->header_values = row->header_values;
+	msg->n_headers = row->n_headers;
+	return true;
+}
+
+int
+relay_cycle(struct relay *r, size_t *claimed)
+{
+	struct store_claim_opts opts = { .limit = r->conf.batch_size,
+		.ordered_by_key = r->conf.ordering_by_key };
+	struct store_batch batch;
+	size_t nmsg = 0;
+	int64_t started = now_mono_us(), confirmed;
+	int broker_rc;
+
+	*claimed = 0;
+	if (store_claim(r->store, &opts, &batch) == -1) {
+		log_error("claim failed", "error=%s",
+		    log_quote((char[600]){ 0 }, 600, store_error(r->store)));
+		r->stats.store_errors++;
+		return -1;
+	}
+	*claimed = batch.n;
+	if (batch.n == 0)
+		return 0;
+	for (size_t i = 0; i < batch.n; i++) {
+		r->marks[i].id = batch.rows[i].id;
+		r->marks[i].kind = MARK_RELEASE;
+		r->marks[i].error = NULL;
+		r->marks[i].delay_ms = 0;
+		if (prepare_message(r, &batch.rows[i], i, &r->msgs[nmsg]))
+			r->msg_row[nmsg++] = i;
+	}
+	broker_rc = broker_publish_batch(r->broker, r->msgs, nmsg, r->results);
+	confirmed = now_mono_us();
+	for (size_t k = 0; k < nmsg; k++) {
+		size_t i = r->msg_row[k];
+		const struct broker_result *res = &r->results[k];
+
+		switch (res->outcome) {
+		case BROKER_ACKED:
+			r->marks[i].kind = MARK_SUCCESS;
+			r->stats.published++;
+			break;
+		case BROKER_UNKNOWN:
+			/* No confirm: it may have arrived, or not.  Leave
+			 * the row due; at-least-once covers the rest. */
+			r->marks[i].kind = MARK_RELEASE;
+			r->stats.released++;
+			break;
+		default: {
+			char reason[300];
+
+			snprintf(reason, sizeof(reason), "%s: %s",
+			    outcome_name(res->outcome), res->reason);
+			mark_failed(r, &batch.rows[i], i, reason,
+			    res->permanent);
+			break;
+		}
+		}
+	}
+	if (broker_rc == -1) {
+		log_error("broker connection lost", "error=%s",
+		    log_quote((char[600]){ 0 }, 600, broker_error(r->broker)));
+		r->stats.broker_errors++;
+		broker_disconnect(r->broker);
+	}
+	if (store_finish(r->store, &batch, r->marks, batch.n) == -1) {
+		/* The rows roll back to due: confirmed ones will be sent
+		 * again, which at-least-once allows. */
+		log_error("marking failed", "rows=%zu error=%s", batch.n,
+		    log_quote((char[600]){ 0 }, 600, store_error(r->store)));
+		r->stats.store_errors++;
+		return -1;
+	}
+	r->stats.batches++;
+	r->stats.last_batch_us = now_mono_us() - started;
+	r->stats.last_confirm_us = confirmed - started;
+	if (broker_rc == 0)
+		r->stats.last_progress_ms = now_mono_ms();
+	log_debug("batch done", "rows=%zu published=%zu batch_us=%" PRId64,
+	    batch.n, nmsg, r->stats.last_batch_us);
+	return broker_rc;
+}
+
+/*
+ * Brings one server up if it is down and its retry time has come.
+ * Returns true when it is up.
+ */
+static bool
+ensure_store(struct relay *r)
+{
+	int64_t now = now_mono_ms();
+
+	if (store_connected(r->store))
+		return true;
+	if (r->store_was_up) {
+		log_error("postgres connection lost", "error=%s",
+		    log_quote((char[600]){ 0 }, 600, store_error(r->store)));
+		r->store_was_up = false;
+		store_disconnect(r->store);
+	}
+	if (now < r->store_retry_at)
+		return false;
+	if (store_connect(r->store) == 0 && store_listen(r->store) == 0) {
+		log_info("postgres connected", NULL);
+		backoff_cursor_reset(&r->store_retry);
+		r->store_was_up = true;
+		return true;
+	}
+	r->store_retry_at = now + backoff_cursor_next(&r->store_retry);
+	log_warn("postgres unavailable", "retry_in_ms=%" PRId64 " error=%s",
+	    r->store_retry_at - now,
+	    log_quote((char[600]){ 0 }, 600, store_error(r->store)));
+	store_disconnect(r->store);
+	return false;
+}
+
+static bool
+ensure_broker(struct relay *r)
+{
+	int64_t now = now_mono_ms();
+
+	if (broker_connected(r->broker))
+		return true;
+	if (now < r->broker_retry_at)
+		return false;
+	if (broker_connect(r->broker) == 0) {
+		log_info("rabbitmq connected", NULL);
+		backoff_cursor_reset(&r->broker_retry);
+		return true;
+	}
+	r->broker_retry_at = now + backoff_cursor_next(&r->broker_retry);
+	log_warn("rabbitmq unavailable", "retry_in_ms=%" PRId64 " error=%s",
+	    r->broker_retry_at - now,
+	    log_quote((char[600]){ 0 }, 600, broker_error(r->broker)));
+	return false;
+}
+
+/* Waits for a NOTIFY on the store's socket, a signal, or timeout_ms. */
+static void
+wait_for_work(struct relay *r, int64_t timeout_ms)
+{
+	struct pollfd pfd = { .fd = store_socket(r->store), .events = POLLIN };
+
+	if (timeout_ms <= 0)
+		return;
+	if (pfd.fd < 0) {
+		sleep_ms(timeout_ms, NULL);
+		return;
+	}
+	if (poll(&pfd, 1, (int)timeout_ms) == -1 && errno != EINTR) {
+		log_warn("poll failed", "error=%s", strerror(errno));
+		return;
+	}
+	if (pfd.revents != 0 && store_drain_notifies(r->store) == -1)
+		store_disconnect(r->store);
+}
+
+/* How long until there may be work: the next due row or poll_interval. */
+static int64_t
+idle_timeout(struct relay *r, int64_t max_wait_ms)
+{
+	int64_t wait = r->conf.poll_interval_ms, due;
+
+	if (store_next_due_in(r->store, &due) == -1) {
+		store_disconnect(r->store);
+		return 0;
+	}
+	if (due >= 0 && due < wait)
+		wait = due;
+	return wait < max_wait_ms ? wait : max_wait_ms;
+}
+
+void
+relay_step(struct relay *r, int64_t max_wait_ms)
+{
+	size_t claimed = 0;
+	int64_t retry_at;
+
+	if (!ensure_store(r) || !ensure_broker(r)) {
+		/* Sleep until the earlier retry time, within the bound. */
+		retry_at = store_connected(r->store) ? r->broker_retry_at :
+		    r->store_retry_at;
+		if (!broker_connected(r->broker) && r->broker_retry_at <
+		    retry_at)
+			retry_at = r->broker_retry_at;
+		retry_at -= now_mono_ms();
+		sleep_ms(retry_at < max_wait_ms ? retry_at : max_wait_ms,
+		    NULL);
+		return;
+	}
+	if (relay_cycle(r, &claimed) == -1)
+		return;		/* ensure_* reconnects on the next step */
+	/* A full batch means a backlog: claim again at once. */
+	if (claimed == (size_t)r->conf.batch_size)
+		return;
+	/* Notifications that arrived during the cycle are for rows it may
+	 * not have seen: drain them, and if any, go round again. */
+	if (store_drain_notifies(r->store) > 0)
+		return;
+	if (store_connected(r->store))
+		wait_for_work(r, idle_timeout(r, max_wait_ms));
+}

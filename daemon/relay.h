@@ -1,0 +1,87 @@
+/*
+ * Relay: one cycle of the spec — claim due rows, publish them, await
+ * their confirms, mark them, reschedule failures with backoff — and the
+ * loop that runs cycles until asked to stop.
+ */
+#ifndef OUTBOXD_RELAY_H
+#define OUTBOXD_RELAY_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "backoff.h"
+#include "broker.h"
+#include "store.h"
+#include "util.h"
+
+enum relay_mode {
+	RELAY_PARALLEL,		/* every instance relays; leader compensates */
+	RELAY_SINGLE_ACTIVE,	/* only the lock holder relays */
+};
+
+struct relay_conf {
+	int batch_size;
+	int64_t poll_interval_ms;
+	int64_t shutdown_timeout_ms;
+	enum relay_mode mode;
+	bool ordering_by_key;
+	int64_t retention_ms;		/* 0 = keep SUCCESS rows forever */
+	/* Global backoff for rescheduling rows; per-row init_backoff and
+	 * backoff_factor replace init_ms and factor. */
+	struct backoff_params backoff;
+	/* Backoff between reconnect attempts to any server. */
+	struct backoff_params reconnect;
+};
+
+/* Counters for logs and metrics; written only by the relay's thread. */
+struct relay_stats {
+	uint64_t batches;
+	uint64_t published;	/* acked by the broker and marked SUCCESS */
+	uint64_t retried;	/* failed, rescheduled */
+	uint64_t dead;		/* failed for good */
+	uint64_t released;	/* outcome unknown, left due */
+	uint64_t store_errors;
+	uint64_t broker_errors;
+	int64_t last_batch_us;	/* claim to commit, last non-empty batch */
+	int64_t last_confirm_us; /* publish to last confirm */
+	int64_t last_progress_ms; /* monotonic time of the last good cycle */
+};
+
+struct relay;
+
+/* The relay uses, but does not own, the store and the broker. */
+struct relay *relay_new(const struct relay_conf *, struct store *,
+    struct broker *);
+void relay_free(struct relay *);
+/* Applies a reloaded config (batch size, intervals, backoff). */
+void relay_set_conf(struct relay *, const struct relay_conf *);
+
+/*
+ * Does one step of work: (re)connects what is down, then runs one cycle,
+ * or waits for a NOTIFY, the next due row or the poll interval — never
+ * longer than max_wait_ms, so the caller can renew locks and feed the
+ * watchdog.  A signal cuts the wait short.  Errors are handled inside
+ * (logged, connection dropped, retried with backoff).
+ */
+void relay_step(struct relay *, int64_t max_wait_ms);
+
+/* One cycle: claim → publish → await confirms → mark.  Sets *claimed to
+ * the batch size; returns -1 when a server failed mid-way. */
+int relay_cycle(struct relay *, size_t *claimed) WARN_UNUSED;
+
+const struct relay_stats *relay_stats(const struct relay *);
+bool relay_store_up(const struct relay *);
+bool relay_broker_up(const struct relay *);
+
+/*
+ * What happens to a row whose publish failed (pure; unit-tested):
+ * MARK_DEAD when the error is permanent or no retry is left, else
+ * MARK_RETRY with *delay_ms from the global backoff and the row's own
+ * init_backoff and backoff_factor.  *note is set when the row's values
+ * were unusable and the global ones were used instead.
+ */
+enum mark_kind relay_reschedule(const struct backoff_params *global,
+    const struct outbox_row *, bool permanent, struct backoff_rng *,
+    int64_t *delay_ms, const char **note);
+
+#endif

@@ -1,0 +1,739 @@
+/*
+ * Store: PostgreSQL access for the relay.  A batch is claimed and marked
+ * inside one transaction, so its row locks (FOR UPDATE SKIP LOCKED) keep
+ * every other instance off those rows until their outcome is written.
+ */
+#include "store.h"
+
+#include <endian.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <libpq-fe.h>
+
+#include "log.h"
+#include "migrations.h"
+
+#define NOTIFY_CHANNEL "outboxd"
+
+/* Due: unsent, not deleted, scheduled no later than now, retries left.
+ * The ORDER BY expression matches t_transactional_message_due_idx. */
+#define DUE_PREDICATE \
+	"message_status IN (0, 2) AND NOT deleted" \
+	" AND coalesce(next_schedule_time, '-infinity'::timestamptz) <= now()" \
+	" AND current_retry_times < max_retry_times"
+
+static const char claim_sql[] =
+    "WITH due AS ("
+    " SELECT * FROM t_transactional_message m"
+    " WHERE " DUE_PREDICATE
+    "  AND ($2 = false OR m.business_key IS NULL OR NOT EXISTS ("
+    "   SELECT 1 FROM t_transactional_message o"
+    "   WHERE o.business_key = m.business_key AND o.id < m.id"
+    "    AND o.message_status IN (0, 2) AND NOT o.deleted))"
+    " ORDER BY coalesce(next_schedule_time, '-infinity'::timestamptz), id"
+    " LIMIT $1 FOR UPDATE SKIP LOCKED)"
+    " SELECT d.id, d.exchange_name, d.exchange_type,"
+    "  coalesce(nullif(d.routing_key, ''), d.queue_name),"
+    "  d.content_type, coalesce(d.business_module, ''),"
+    "  coalesce(d.business_key, ''), d.current_retry_times::int4,"
+    "  d.max_retry_times::int4,"
+    "  (extract(epoch FROM d.init_backoff) * 1000)::int8,"
+    "  d.backoff_factor, extract(epoch FROM d.create_time)::int8,"
+    "  c.content, c.message_id IS NOT NULL,"
+    "  CASE WHEN d.headers IS NULL OR jsonb_typeof(d.headers) = 'object'"
+    "   THEN NULL ELSE 'headers must be a JSON object, not '"
+    "   || jsonb_typeof(d.headers) END,"
+    "  h.keys, h.vals"
+    " FROM due d"
+    " LEFT JOIN t_transactional_message_content c ON c.message_id = d.id"
+    " LEFT JOIN LATERAL (SELECT array_agg(key) AS keys,"
+    "   array_agg(value) AS vals FROM jsonb_each_text(CASE WHEN"
+    "   jsonb_typeof(d.headers) = 'object' THEN d.headers END)) h ON true"
+    " ORDER BY coalesce(d.next_schedule_time,"
+    "  '-infinity'::timestamptz), d.id";
+
+enum claim_col {
+	COL_ID, COL_EXCHANGE, COL_EXCHANGE_TYPE, COL_ROUTING_KEY,
+	COL_CONTENT_TYPE, COL_MODULE, COL_KEY, COL_RETRIES, COL_MAX_RETRIES,
+	COL_INIT_BACKOFF, COL_FACTOR, COL_CREATED, COL_CONTENT,
+	COL_HAS_CONTENT, COL_ROW_ERROR, COL_HEADER_KEYS, COL_HEADER_VALUES,
+	N_CLAIM_COLS
+};
+
+static const char mark_success_sql[] =
+    "UPDATE t_transactional_message SET message_status = 1,"
+    " next_schedule_time = NULL, edit_time = now(), editor = 'outboxd'"
+    " WHERE id = ANY($1::int8[])";
+
+/* Failed rows: FAIL (2) with a new due time, or DEAD (3). */
+static const char mark_failed_sql[] =
+    "UPDATE t_transactional_message t SET message_status = u.status,"
+    " current_retry_times = least(t.current_retry_times + 1, 32767),"
+    " last_error = u.error, edit_time = now(), editor = 'outboxd',"
+    " next_schedule_time = CASE WHEN u.status = 2"
+    "  THEN now() + u.delay_ms * interval '1 millisecond' END"
+    " FROM unnest($1::int8[], $2::int2[], $3::int8[], $4::text[])"
+    "  AS u(id, status, delay_ms, error)"
+    " WHERE t.id = u.id";
+
+static const char next_due_sql[] =
+    "SELECT (extract(epoch FROM min(coalesce(next_schedule_time,"
+    " '-infinity'::timestamptz)) - now()) * 1000)::int8"
+    " FROM t_transactional_message"
+    " WHERE message_status IN (0, 2) AND NOT deleted"
+    " AND current_retry_times < max_retry_times";
+
+struct store {
+	struct store_conf conf;
+	PGconn *conn;
+	PGresult *claimed;	/* the open batch's rows, or NULL */
+	bool in_transaction;
+	char error[512];
+	/* Reused across batches so a steady flow allocates nothing. */
+	struct outbox_row *rows;
+	size_t rows_cap;
+	char *arena;		/* header strings, NUL-terminated */
+	size_t arena_len, arena_cap;
+	size_t *offs;		/* arena offsets: a row's keys, then values */
+	size_t noffs, offs_cap;
+	size_t *hdr_base;	/* per row: its first entry in offs */
+	size_t hdr_base_cap;
+	const char **header_ptrs;
+	size_t header_ptrs_cap;
+	char *buf;		/* array literals for the marks */
+	size_t buf_len, buf_cap;
+};
+
+static void
+set_error(struct store *s, const char *what, const char *detail)
+{
+	char msg[400];
+	size_t len;
+
+	snprintf(msg, sizeof(msg), "%s", detail ? detail : "");
+	/* libpq messages end in a newline; logfmt lines must not. */
+	len = strlen(msg);
+	while (len > 0 && (msg[len - 1] == '\n' || msg[len - 1] == ' '))
+		msg[--len] = '\0';
+	snprintf(s->error, sizeof(s->error), "%s: %s", what, msg);
+}
+
+struct store *
+store_new(const struct store_conf *conf)
+{
+	struct store *s = xcalloc(1, sizeof(*s));
+
+	s->conf = *conf;
+	return s;
+}
+
+void
+store_free(struct store *s)
+{
+	if (s == NULL)
+		return;
+	store_disconnect(s);
+	free(s->rows);
+	free(s->arena);
+	free(s->header_ptrs);
+	free(s->offs);
+	free(s->hdr_base);
+	free(s->buf);
+	free(s);
+}
+
+const char *
+store_error(const struct store *s)
+{
+	return s->error;
+}
+
+bool
+store_connected(const struct store *s)
+{
+	return s->conn != NULL && PQstatus(s->conn) == CONNECTION_OK;
+}
+
+int
+store_socket(const struct store *s)
+{
+	return s->conn ? PQsocket(s->conn) : -1;
+}
+
+void
+store_disconnect(struct store *s)
+{
+	if (s->claimed != NULL) {
+		PQclear(s->claimed);
+		s->claimed = NULL;
+	}
+	if (s->conn != NULL) {
+		PQfinish(s->conn);
+		s->conn = NULL;
+	}
+	s->in_transaction = false;
+}
+
+static int
+prepare(struct store *s, const char *name, const char *sql, int nparams)
+{
+	PGresult *res = PQprepare(s->conn, name, sql, nparams, NULL);
+	int rc = 0;
+
+	if (PQresultStatus(res) != PGRES_COMMAND_OK) {
+		set_error(s, name, PQerrorMessage(s->conn));
+		rc = -1;
+	}
+	PQclear(res);
+	return rc;
+}
+
+int
+store_connect(struct store *s)
+{
+	char timeout[32];
+	/* Later entries override what the conninfo says; keepalives come
+	 * first so that a conninfo can still override them. */
+	const char *keys[] = { "keepalives", "keepalives_idle",
+		"keepalives_interval", "keepalives_count", "dbname",
+		"connect_timeout", "application_name", "password", NULL };
+	const char *vals[] = { "1", "10", "5", "3", s->conf.conninfo,
+		timeout, s->conf.application_name ? s->conf.application_name :
+		"outboxd", s->conf.password, NULL };
+
+	store_disconnect(s);
+	/* libpq counts whole seconds and treats 1 as 2. */
+	snprintf(timeout, sizeof(timeout), "%" PRId64,
+	    (s->conf.connect_timeout_ms + 999) / 1000);
+	if (s->conf.password == NULL)
+		keys[7] = NULL;
+	s->conn = PQconnectdbParams(keys, vals, 1);
+	if (PQstatus(s->conn) != CONNECTION_OK) {
+		set_error(s, "postgres connect", PQerrorMessage(s->conn));
+		goto fail;
+	}
+	if (prepare(s, "claim", claim_sql, 2) == -1 ||
+	    prepare(s, "mark_success", mark_success_sql, 1) == -1 ||
+	    prepare(s, "mark_failed", mark_failed_sql, 4) == -1 ||
+	    prepare(s, "next_due", next_due_sql, 0) == -1)
+		goto fail;
+	return 0;
+fail:
+	store_disconnect(s);
+	return -1;
+}
+
+/* Runs a statement that returns no rows. */
+static int
+exec_command(struct store *s, const char *sql)
+{
+	PGresult *res = PQexec(s->conn, sql);
+	int rc = 0;
+
+	if (PQresultStatus(res) != PGRES_COMMAND_OK &&
+	    PQresultStatus(res) != PGRES_TUPLES_OK) {
+		set_error(s, "postgres", PQerrorMessage(s->conn));
+		rc = -1;
+	}
+	PQclear(res);
+	return rc;
+}
+
+int
+store_listen(struct store *s)
+{
+	return exec_command(s, "LISTEN " NOTIFY_CHANNEL);
+}
+
+int
+store_drain_notifies(struct store *s)
+{
+	PGnotify *n;
+	int count = 0;
+
+	if (PQconsumeInput(s->conn) == 0) {
+		set_error(s, "postgres", PQerrorMessage(s->conn));
+		return -1;
+	}
+	while ((n = PQnotifies(s->conn)) != NULL) {
+		count++;
+		PQfreemem(n);
+	}
+	return count;
+}
+
+int
+store_migrate(struct store *s)
+{
+	char saved[sizeof(s->error)];
+	PGresult *res;
+
+	/* An advisory lock serialises instances migrating at once; the
+	 * version table lets a second run skip what is applied. */
+	if (exec_command(s, "BEGIN") == -1 ||
+	    exec_command(s, "SELECT pg_advisory_xact_lock(7400313)") == -1 ||
+	    exec_command(s, "CREATE TABLE IF NOT EXISTS outboxd_migrations ("
+		"name text PRIMARY KEY,"
+		" applied_at timestamptz NOT NULL DEFAULT now())") == -1)
+		goto fail;
+	for (const struct migration *m = migrations; m->name != NULL; m++) {
+		const char *params[1] = { m->name };
+
+		res = PQexecParams(s->conn, "SELECT 1 FROM outboxd_migrations"
+		    " WHERE name = $1", 1, NULL, params, NULL, NULL, 0);
+		if (PQresultStatus(res) != PGRES_TUPLES_OK) {
+			set_error(s, "migrate", PQerrorMessage(s->conn));
+			PQclear(res);
+			goto fail;
+		}
+		if (PQntuples(res) == 1) {
+			PQclear(res);
+			continue;
+		}
+		PQclear(res);
+		if (exec_command(s, m->sql) == -1) {
+			char what[128];
+
+			memcpy(saved, s->error, sizeof(saved));
+			set_error(s, strfmt(what, sizeof(what), "migration %s",
+			    m->name), saved);
+			goto fail;
+		}
+		res = PQexecParams(s->conn, "INSERT INTO outboxd_migrations"
+		    " (name) VALUES ($1)", 1, NULL, params, NULL, NULL, 0);
+		if (PQresultStatus(res) != PGRES_COMMAND_OK) {
+			set_error(s, "migrate", PQerrorMessage(s->conn));
+			PQclear(res);
+			goto fail;
+		}
+		PQclear(res);
+		log_info("migration applied", "name=%s", m->name);
+	}
+	return exec_command(s, "COMMIT");
+fail:
+	/* Keep the real error; the rollback's own outcome adds nothing. */
+	PQclear(PQexec(s->conn, "ROLLBACK"));
+	return -1;
+}
+
+/* --- reading binary results ------------------------------------------- */
+
+static int64_t
+get_int8(const PGresult *res, int row, int col)
+{
+	uint64_t v;
+
+	memcpy(&v, PQgetvalue(res, row, col), sizeof(v));
+	return (int64_t)be64toh(v);
+}
+
+static int32_t
+get_int4(const PGresult *res, int row, int col)
+{
+	uint32_t v;
+
+	memcpy(&v, PQgetvalue(res, row, col), sizeof(v));
+	return (int32_t)be32toh(v);
+}
+
+static double
+get_float8(const PGresult *res, int row, int col)
+{
+	uint64_t v;
+	double d;
+
+	memcpy(&v, PQgetvalue(res, row, col), sizeof(v));
+	v = be64toh(v);
+	memcpy(&d, &v, sizeof(d));
+	return d;
+}
+
+/* Text arrives as raw bytes followed by a NUL in binary results too. */
+static const char *
+get_text(const PGresult *res, int row, int col)
+{
+	return PQgetisnull(res, row, col) ? "" : PQgetvalue(res, row, col);
+}
+
+static size_t
+arena_add(struct store *s, const char *bytes, size_t len)
+{
+	size_t at = s->arena_len;
+
+	if (s->arena_len + len + 1 > s->arena_cap) {
+		s->arena_cap = (s->arena_len + len + 1) * 2;
+		s->arena = xrealloc(s->arena, s->arena_cap);
+	}
+	memcpy(s->arena + at, bytes, len);
+	s->arena[at + len] = '\0';
+	s->arena_len += len + 1;
+	return at;
+}
+
+/*
+ * Decodes a one-dimensional text[] in binary format into arena offsets:
+ * ndim, has_null, elem oid, then (size, lower bound) per dimension, then
+ * (length, bytes) per element.  Returns the count, or -1 if malformed.
+ */
+static long
+decode_text_array(struct store *s, const char *p, size_t len,
+    size_t *offsets, size_t max)
+{
+	uint32_t ndim, count, elen;
+	size_t pos;
+
+	if (len < 12)
+		return -1;
+	memcpy(&ndim, p, 4);
+	ndim = be32toh(ndim);
+	if (ndim == 0)
+		return 0;
+	if (ndim != 1 || len < 20)
+		return -1;
+	memcpy(&count, p + 12, 4);
+	count = be32toh(count);
+	pos = 20;
+	if (count > max)
+		return -1;
+	for (uint32_t i = 0; i < count; i++) {
+		if (pos + 4 > len)
+			return -1;
+		memcpy(&elen, p + pos, 4);
+		elen = be32toh(elen);
+		pos += 4;
+		if (elen == UINT32_MAX) {	/* NULL element: empty string */
+			offsets[i] = arena_add(s, "", 0);
+			continue;
+		}
+		if (pos + elen > len)
+			return -1;
+		offsets[i] = arena_add(s, p + pos, elen);
+		pos += elen;
+	}
+	return (long)count;
+}
+
+#define MAX_HEADERS 64
+
+/* Grows a reusable array to hold at least n elements of size sz. */
+static void *
+grow(void *p, size_t *cap, size_t n, size_t sz)
+{
+	if (n <= *cap)
+		return p;
+	*cap = n * 2;
+	return xrealloc(p, *cap * sz);
+}
+
+/*
+ * Copies one row's header keys then values into the arena and appends
+ * their offsets to s->offs.  Returns the count, or -1 when malformed.
+ */
+static long
+decode_headers(struct store *s, int i)
+{
+	const PGresult *res = s->claimed;
+	size_t key_at[MAX_HEADERS], val_at[MAX_HEADERS];
+	long nk, nv;
+
+	if (PQgetisnull(res, i, COL_HEADER_KEYS))
+		return 0;
+	nk = decode_text_array(s, PQgetvalue(res, i, COL_HEADER_KEYS),
+	    (size_t)PQgetlength(res, i, COL_HEADER_KEYS), key_at, MAX_HEADERS);
+	nv = decode_text_array(s, PQgetvalue(res, i, COL_HEADER_VALUES),
+	    (size_t)PQgetlength(res, i, COL_HEADER_VALUES), val_at,
+	    MAX_HEADERS);
+	if (nk < 0 || nk != nv)
+		return -1;
+	s->offs = grow(s->offs, &s->offs_cap, s->noffs + 2 * (size_t)nk,
+	    sizeof(*s->offs));
+	memcpy(s->offs + s->noffs, key_at, (size_t)nk * sizeof(size_t));
+	memcpy(s->offs + s->noffs + nk, val_at, (size_t)nk * sizeof(size_t));
+	s->noffs += 2 * (size_t)nk;
+	return nk;
+}
+
+static void
+fill_row(struct store *s, int i, struct outbox_row *r)
+{
+	const PGresult *res = s->claimed;
+
+	memset(r, 0, sizeof(*r));
+	r->id = get_int8(res, i, COL_ID);
+	r->exchange_name = get_text(res, i, COL_EXCHANGE);
+	r->exchange_type = get_text(res, i, COL_EXCHANGE_TYPE);
+	r->routing_key = get_text(res, i, COL_ROUTING_KEY);
+	r->content_type = get_text(res, i, COL_CONTENT_TYPE);
+	r->business_module = get_text(res, i, COL_MODULE);
+	r->business_key = get_text(res, i, COL_KEY);
+	r->current_retry_times = get_int4(res, i, COL_RETRIES);
+	r->max_retry_times = get_int4(res, i, COL_MAX_RETRIES);
+	r->init_backoff_ms = get_int8(res, i, COL_INIT_BACKOFF);
+	r->backoff_factor = get_float8(res, i, COL_FACTOR);
+	r->create_time_s = get_int8(res, i, COL_CREATED);
+	r->has_content = PQgetvalue(res, i, COL_HAS_CONTENT)[0] != 0;
+	if (r->has_content) {
+		r->content = (const unsigned char *)PQgetvalue(res, i,
+		    COL_CONTENT);
+		r->content_len = (size_t)PQgetlength(res, i, COL_CONTENT);
+	}
+	if (!PQgetisnull(res, i, COL_ROW_ERROR))
+		r->row_error = PQgetvalue(res, i, COL_ROW_ERROR);
+}
+
+static void
+fill_rows(struct store *s, struct store_batch *batch)
+{
+	size_t n = (size_t)PQntuples(s->claimed);
+
+	s->rows = grow(s->rows, &s->rows_cap, n, sizeof(*s->rows));
+	s->hdr_base = grow(s->hdr_base, &s->hdr_base_cap, n,
+	    sizeof(*s->hdr_base));
+	s->arena_len = 0;
+	s->noffs = 0;
+	/* Header strings go to the arena first, which may move while it
+	 * grows; pointers into it are taken only once it is complete. */
+	for (size_t i = 0; i < n; i++) {
+		struct outbox_row *r = &s->rows[i];
+		long count;
+
+		fill_row(s, (int)i, r);
+		s->hdr_base[i] = s->noffs;
+		count = decode_headers(s, (int)i);
+		if (count < 0) {
+			r->row_error = "headers: more than 64 entries or a "
+			    "malformed array";
+			count = 0;
+		}
+		r->n_headers = (size_t)count;
+	}
+	s->header_ptrs = grow(s->header_ptrs, &s->header_ptrs_cap, s->noffs,
+	    sizeof(*s->header_ptrs));
+	for (size_t k = 0; k < s->noffs; k++)
+		s->header_ptrs[k] = s->arena + s->offs[k];
+	for (size_t i = 0; i < n; i++) {
+		struct outbox_row *r = &s->rows[i];
+
+		if (r->n_headers == 0)
+			continue;
+		r->header_keys = &s->header_ptrs[s->hdr_base[i]];
+		r->header_values = r->header_keys + r->n_headers;
+	}
+	batch->rows = s->rows;
+	batch->n = n;
+}
+
+int
+store_claim(struct store *s, const struct store_claim_opts *opts,
+    struct store_batch *batch)
+{
+	char limit[16];
+	const char *params[2] = { limit, opts->ordered_by_key ? "t" : "f" };
+	PGresult *res;
+
+	batch->rows = NULL;
+	batch->n = 0;
+	snprintf(limit, sizeof(limit), "%d", opts->limit);
+	if (exec_command(s, "BEGIN") == -1)
+		return -1;
+	s->in_transaction = true;
+	res = PQexecPrepared(s->conn, "claim", 2, params, NULL, NULL, 1);
+	if (PQresultStatus(res) != PGRES_TUPLES_OK) {
+		set_error(s, "claim", PQerrorMessage(s->conn));
+		PQclear(res);
+		store_abort(s, batch);
+		return -1;
+	}
+	if (PQntuples(res) == 0) {
+		PQclear(res);
+		s->in_transaction = false;
+		return exec_command(s, "COMMIT");
+	}
+	s->claimed = res;
+	fill_rows(s, batch);
+	return 0;
+}
+
+/* --- marking --------------------------------------------------------- */
+
+static void
+buf_reset(struct store *s)
+{
+	s->buf_len = 0;
+}
+
+static void
+buf_add(struct store *s, const char *bytes, size_t len)
+{
+	s->buf = grow(s->buf, &s->buf_cap, s->buf_len + len + 1, 1);
+	memcpy(s->buf + s->buf_len, bytes, len);
+	s->buf_len += len;
+	s->buf[s->buf_len] = '\0';
+}
+
+static void
+buf_add_int(struct store *s, int64_t v)
+{
+	char num[32];
+	int n = snprintf(num, sizeof(num), "%" PRId64, v);
+
+	buf_add(s, num, (size_t)n);
+}
+
+/* Appends a quoted array element, escaping what array syntax needs. */
+static void
+buf_add_quoted(struct store *s, const char *str)
+{
+	buf_add(s, "\"", 1);
+	for (const char *p = str; *p != '\0'; p++) {
+		if (*p == '"' || *p == '\\')
+			buf_add(s, "\\", 1);
+		buf_add(s, p, 1);
+	}
+	buf_add(s, "\"", 1);
+}
+
+/*
+ * Builds the four array literals of mark_failed in s->buf, separated by
+ * NULs, and returns their start offsets in at[].
+ */
+static size_t
+build_failed_arrays(struct store *s, const struct store_mark *marks,
+    size_t n, size_t at[4])
+{
+	size_t count = 0;
+
+	buf_reset(s);
+	for (int col = 0; col < 4; col++) {
+		bool first = true;
+
+		at[col] = s->buf_len;
+		buf_add(s, "{", 1);
+		for (size_t i = 0; i < n; i++) {
+			const struct store_mark *m = &marks[i];
+
+			if (m->kind != MARK_RETRY && m->kind != MARK_DEAD)
+				continue;
+			if (!first)
+				buf_add(s, ",", 1);
+			first = false;
+			if (col == 0) {
+				buf_add_int(s, m->id);
+				count++;
+			} else if (col == 1) {
+				buf_add_int(s, m->kind == MARK_RETRY ?
+				    STATUS_FAIL : STATUS_DEAD);
+			} else if (col == 2) {
+				buf_add_int(s, m->delay_ms);
+			} else {
+				buf_add_quoted(s, m->error ? m->error :
+				    "unknown error");
+			}
+		}
+		buf_add(s, "}", 2);	/* with its NUL as separator */
+	}
+	return count;
+}
+
+static int
+exec_prepared(struct store *s, const char *name, int n,
+    const char *const *params)
+{
+	PGresult *res = PQexecPrepared(s->conn, name, n, params, NULL, NULL,
+	    0);
+	int rc = 0;
+
+	if (PQresultStatus(res) != PGRES_COMMAND_OK) {
+		set_error(s, name, PQerrorMessage(s->conn));
+		rc = -1;
+	}
+	PQclear(res);
+	return rc;
+}
+
+static void
+release_batch(struct store *s, struct store_batch *batch)
+{
+	if (s->claimed != NULL) {
+		PQclear(s->claimed);
+		s->claimed = NULL;
+	}
+	if (batch != NULL) {
+		batch->rows = NULL;
+		batch->n = 0;
+	}
+}
+
+int
+store_finish(struct store *s, struct store_batch *batch,
+    const struct store_mark *marks, size_t n)
+{
+	size_t at[4], nsuccess = 0;
+	bool first = true;
+
+	/* One UPDATE for the sent rows, one for the failed: a batch costs
+	 * two round trips whatever its size. */
+	buf_reset(s);
+	buf_add(s, "{", 1);
+	for (size_t i = 0; i < n; i++) {
+		if (marks[i].kind != MARK_SUCCESS)
+			continue;
+		if (!first)
+			buf_add(s, ",", 1);
+		first = false;
+		buf_add_int(s, marks[i].id);
+		nsuccess++;
+	}
+	buf_add(s, "}", 1);
+	if (nsuccess > 0) {
+		const char *params[1] = { s->buf };
+
+		if (exec_prepared(s, "mark_success", 1, params) == -1)
+			goto fail;
+	}
+	if (build_failed_arrays(s, marks, n, at) > 0) {
+		const char *params[4] = { s->buf + at[0], s->buf + at[1],
+			s->buf + at[2], s->buf + at[3] };
+
+		if (exec_prepared(s, "mark_failed", 4, params) == -1)
+			goto fail;
+	}
+	release_batch(s, batch);
+	s->in_transaction = false;
+	return exec_command(s, "COMMIT");
+fail:
+	store_abort(s, batch);
+	return -1;
+}
+
+void
+store_abort(struct store *s, struct store_batch *batch)
+{
+	release_batch(s, batch);
+	if (s->in_transaction && s->conn != NULL)
+		PQclear(PQexec(s->conn, "ROLLBACK"));
+	s->in_transaction = false;
+}
+
+int
+store_next_due_in(struct store *s, int64_t *ms)
+{
+	PGresult *res = PQexecPrepared(s->conn, "next_due", 0, NULL, NULL,
+	    NULL, 0);
+
+	if (PQresultStatus(res) != PGRES_TUPLES_OK) {
+		set_error(s, "next_due", PQerrorMessage(s->conn));
+		PQclear(res);
+		return -1;
+	}
+	if (PQgetisnull(res, 0, 0)) {
+		*ms = -1;
+	} else {
+		int64_t v = strtoll(PQgetvalue(res, 0, 0), NULL, 10);
+		*ms = v < 0 ? 0 : v;
+	}
+	PQclear(res);
+	return 0;
+}

@@ -1,0 +1,114 @@
+/*
+ * Store: the PostgreSQL side (libpq).  Claims due outbox rows in a
+ * transaction that holds their row locks (FOR UPDATE SKIP LOCKED) until
+ * their outcome is written, wakes on NOTIFY, and applies the schema.
+ */
+#ifndef OUTBOXD_STORE_H
+#define OUTBOXD_STORE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "util.h"
+
+struct store_conf {
+	char *conninfo;		/* libpq keyword=value string or URI */
+	char *password;		/* secret: never logged; NULL = from conninfo */
+	int64_t connect_timeout_ms;
+	char *application_name;
+};
+
+/* Message states, as in seed 001 plus DEAD for exhausted rows. */
+enum message_status {
+	STATUS_PENDING = 0,
+	STATUS_SUCCESS = 1,
+	STATUS_FAIL = 2,
+	STATUS_DEAD = 3,
+};
+
+/* A claimed row.  Strings point into the batch and live until the batch
+ * is finished; none is NULL ("" where the column was NULL). */
+struct outbox_row {
+	int64_t id;
+	const char *exchange_name;
+	const char *exchange_type;
+	const char *routing_key;	/* routing_key, else queue_name */
+	const char *content_type;	/* "" = not set */
+	const char *business_module;
+	const char *business_key;
+	int current_retry_times;
+	int max_retry_times;
+	int64_t init_backoff_ms;
+	double backoff_factor;
+	int64_t create_time_s;
+	const unsigned char *content;
+	size_t content_len;
+	bool has_content;		/* false: no content row at all */
+	const char *const *header_keys;
+	const char *const *header_values;
+	size_t n_headers;
+	const char *row_error;		/* non-NULL: the row itself is bad */
+};
+
+struct store_batch {
+	struct outbox_row *rows;
+	size_t n;
+};
+
+/* What to write for one claimed row when the batch finishes. */
+enum mark_kind {
+	MARK_SUCCESS,	/* confirmed: SUCCESS, next_schedule_time NULL */
+	MARK_RETRY,	/* failed: FAIL, retries+1, due again after delay_ms */
+	MARK_DEAD,	/* failed for good: DEAD, retries+1 */
+	MARK_RELEASE,	/* outcome unknown: leave the row untouched */
+};
+
+struct store_mark {
+	int64_t id;
+	enum mark_kind kind;
+	int64_t delay_ms;
+	const char *error;	/* last_error for RETRY and DEAD */
+};
+
+struct store_claim_opts {
+	int limit;
+	bool ordered_by_key;	/* skip rows with an older unsent same key */
+};
+
+struct store;
+
+struct store *store_new(const struct store_conf *);
+void store_free(struct store *);
+int store_connect(struct store *) WARN_UNUSED;
+bool store_connected(const struct store *);
+void store_disconnect(struct store *);
+const char *store_error(const struct store *);
+/* The socket to poll for NOTIFY wake-ups, or -1. */
+int store_socket(const struct store *);
+
+/* Applies every migration in order (idempotent). */
+int store_migrate(struct store *) WARN_UNUSED;
+/* LISTEN on the wake-up channel. */
+int store_listen(struct store *) WARN_UNUSED;
+/* Reads pending input; returns how many notifications arrived, or -1. */
+int store_drain_notifies(struct store *) WARN_UNUSED;
+
+/*
+ * Opens a transaction and claims up to opts->limit due rows with their
+ * content, oldest next_schedule_time first.  The rows stay locked until
+ * store_finish() or store_abort().  batch->n may be 0 (the transaction is
+ * then already closed).
+ */
+int store_claim(struct store *, const struct store_claim_opts *,
+    struct store_batch *) WARN_UNUSED;
+/* Writes the marks and commits, then releases the batch. */
+int store_finish(struct store *, struct store_batch *,
+    const struct store_mark *marks, size_t n) WARN_UNUSED;
+/* Rolls back (rows become due again untouched) and releases the batch. */
+void store_abort(struct store *, struct store_batch *);
+
+/* Milliseconds until the earliest future due time (> 0), or -1 if none. */
+int store_next_due_in(struct store *, int64_t *ms) WARN_UNUSED;
+
+#endif

@@ -1,0 +1,170 @@
+/* Clocks, checked allocation and secret wiping shared by all modules. */
+#include "util.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+int64_t
+now_mono_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int64_t
+now_mono_us(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+int64_t
+now_wall_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void
+out_of_memory(size_t size)
+{
+	static const char msg[] = "level=error msg=\"out of memory\"\n";
+
+	(void)size;
+	(void)!write(STDERR_FILENO, msg, sizeof(msg) - 1);
+	abort();
+}
+
+void *
+xmalloc(size_t size)
+{
+	void *p = malloc(size ? size : 1);
+
+	if (p == NULL)
+		out_of_memory(size);
+	return p;
+}
+
+void *
+xcalloc(size_t n, size_t size)
+{
+	void *p = calloc(n ? n : 1, size ? size : 1);
+
+	if (p == NULL)
+		out_of_memory(n * size);
+	return p;
+}
+
+void *
+xrealloc(void *old, size_t size)
+{
+	void *p = realloc(old, size ? size : 1);
+
+	if (p == NULL)
+		out_of_memory(size);
+	return p;
+}
+
+char *
+xstrdup(const char *s)
+{
+	char *p = strdup(s ? s : "");
+
+	if (p == NULL)
+		out_of_memory(strlen(s));
+	return p;
+}
+
+void
+secret_free(char *s)
+{
+	if (s == NULL)
+		return;
+	explicit_bzero(s, strlen(s));
+	free(s);
+}
+
+char *
+strfmt(char *buf, size_t size, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(buf, size, fmt, ap);
+	va_end(ap);
+	return buf;
+}
+
+void
+sleep_ms(int64_t ms, volatile int *stop)
+{
+	struct timespec ts;
+
+	if (ms <= 0)
+		return;
+	ts.tv_sec = ms / 1000;
+	ts.tv_nsec = (ms % 1000) * 1000000;
+	while (nanosleep(&ts, &ts) == -1 && errno == EINTR) {
+		if (stop != NULL && *stop)
+			return;
+	}
+}
+
+int
+duration_parse(const char *s, int64_t *ms)
+{
+	static const struct {
+		const char *suffix;
+		int64_t ms;
+	} units[] = {
+		{ "ms", 1 }, { "s", 1000 }, { "m", 60000 }, { "h", 3600000 },
+		{ "d", 86400000 }, { "", 1 },
+	};
+	int64_t value = 0;
+	const char *p = s;
+
+	if (s == NULL || *s < '0' || *s > '9')
+		return -1;
+	for (; *p >= '0' && *p <= '9'; p++) {
+		if (value > (INT64_MAX - (*p - '0')) / 10)
+			return -1;
+		value = value * 10 + (*p - '0');
+	}
+	for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++) {
+		if (strcmp(p, units[i].suffix) != 0)
+			continue;
+		if (value > INT64_MAX / units[i].ms)
+			return -1;
+		*ms = value * units[i].ms;
+		return 0;
+	}
+	return -1;
+}
+
+char *
+duration_format(char *buf, size_t size, int64_t ms)
+{
+	if (ms != 0 && ms % 86400000 == 0)
+		snprintf(buf, size, "%" PRId64 "d", ms / 86400000);
+	else if (ms != 0 && ms % 3600000 == 0)
+		snprintf(buf, size, "%" PRId64 "h", ms / 3600000);
+	else if (ms != 0 && ms % 60000 == 0)
+		snprintf(buf, size, "%" PRId64 "m", ms / 60000);
+	else if (ms != 0 && ms % 1000 == 0)
+		snprintf(buf, size, "%" PRId64 "s", ms / 1000);
+	else
+		snprintf(buf, size, "%" PRId64 "ms", ms);
+	return buf;
+}

@@ -1,0 +1,47 @@
+/*
+ * Small helpers every module uses: monotonic and wall clocks in
+ * milliseconds, checked allocation, secret wiping.
+ */
+#ifndef OUTBOXD_UTIL_H
+#define OUTBOXD_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define WARN_UNUSED __attribute__((warn_unused_result))
+#define ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+
+/* Milliseconds since an arbitrary point; never goes backwards. */
+int64_t now_mono_ms(void);
+/* Microseconds since an arbitrary point; for latency measurements. */
+int64_t now_mono_us(void);
+/* Milliseconds since the Unix epoch. */
+int64_t now_wall_ms(void);
+
+/* Allocation that aborts the process on out-of-memory (the only sane
+ * reaction in a daemon whose every path would otherwise need it). */
+void *xmalloc(size_t);
+void *xcalloc(size_t, size_t);
+void *xrealloc(void *, size_t);
+char *xstrdup(const char *);
+
+/* Wipes and frees a secret string; NULL is a no-op. */
+void secret_free(char *);
+
+/* snprintf into buf, always NUL-terminated; returns buf. */
+char *strfmt(char *buf, size_t size, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Sleeps for ms milliseconds, restarting after signals unless
+ * *stop becomes non-zero (stop may be NULL). */
+void sleep_ms(int64_t ms, volatile int *stop);
+
+/*
+ * Parses a duration: "250ms", "10s", "5m", "1h", "2d", or a bare number
+ * of milliseconds.  Returns 0, or -1 for garbage, negatives or overflow.
+ */
+int duration_parse(const char *, int64_t *ms);
+/* Formats ms in the largest unit that is exact ("1h", "1500ms"). */
+char *duration_format(char *buf, size_t size, int64_t ms);
+
+#endif

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages outboxd needs to build, test and run,
+# when any is missing.  Needs root or sudo only when it installs.
+set -euo pipefail
+
+packages=(
+	gcc make pkg-config
+	libpq-dev librabbitmq-dev libhiredis-dev libyaml-dev check
+	libsystemd-dev libmicrohttpd-dev
+	postgresql-15 postgresql-client-15 rabbitmq-server redis-server
+	redis-tools amqp-tools iproute2 procps valgrind
+)
+if [ -n "${OUTBOXD_EXTRA_PACKAGES:-}" ]; then
+	read -r -a extra <<<"$OUTBOXD_EXTRA_PACKAGES"
+	packages+=("${extra[@]}")
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+	status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
+	[ "$status" = "install ok installed" ] || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+echo "deps.sh: installing ${missing[*]}" >&2
+if [ "$(id -u)" = 0 ]; then
+	sudo=()
+elif command -v sudo >/dev/null; then
+	sudo=(sudo)
+else
+	echo "deps.sh: missing packages: ${missing[*]}; run as root or" \
+		"install them with apt-get" >&2
+	exit 1
+fi
+export DEBIAN_FRONTEND=noninteractive
+"${sudo[@]}" apt-get update -q
+"${sudo[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"

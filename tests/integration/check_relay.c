@@ -1,0 +1,319 @@
+/*
+ * The relay end to end against real servers: rows become confirmed
+ * messages, bad rows fail alone and die on schedule, and server restarts
+ * lose nothing.
+ */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "testlib.h"
+
+
+static PGconn *db;
+
+static void
+setup(void)
+{
+	db = tl_pg();
+	tl_reset_db(db);
+}
+
+static void
+teardown(void)
+{
+	PQfinish(db);
+}
+
+/* Counts rows in a state, with an optional extra condition. */
+#define COUNT_STATUS(st) \
+	"SELECT count(*) FROM t_transactional_message WHERE message_status = " #st
+
+START_TEST(test_function_and_plain_inserts_arrive)
+{
+	struct tl_amqp *a = tl_amqp_open();
+	struct tl_msg m;
+	long long id_fn, id_plain;
+	pid_t pid;
+	int seen = 0;
+
+	tl_queue(a, "relay.basic", "", "");
+	tl_consume(a, "relay.basic");
+	id_fn = tl_sql_int(db, "SELECT outbox_enqueue('', 'relay.basic', "
+	    "'{\"order\": 1}', business_module => 'orders', business_key => "
+	    "'order-1', content_type => 'application/json', headers => "
+	    "'{\"tenant\": \"acme\"}')");
+	/* Two plain INSERTs in one transaction, queue_name as the route. */
+	tl_sql(db, "BEGIN; INSERT INTO t_transactional_message (queue_name, "
+	    "business_module, business_key, content_type) VALUES "
+	    "('relay.basic', 'billing', 'inv-9', 'text/plain'); "
+	    "INSERT INTO t_transactional_message_content (message_id, content)"
+	    " VALUES (currval(pg_get_serial_sequence('t_transactional_message',"
+	    " 'id')), convert_to('plain body', 'UTF8')); COMMIT");
+	id_plain = tl_sql_int(db, "SELECT max(id) FROM t_transactional_message");
+	pid = tl_outboxd_start(NULL);
+	while (seen < 2 && tl_next(a, 10000, &m)) {
+		if (m.message_id == id_fn) {
+			ck_assert_str_eq(m.body, "{\"order\": 1}");
+			ck_assert_str_eq(m.content_type, "application/json");
+			ck_assert_str_eq(m.business_module, "orders");
+			ck_assert_str_eq(m.business_key, "order-1");
+			ck_assert_str_eq(m.extra_header, "tenant=acme");
+		} else {
+			ck_assert_int_eq(m.message_id, id_plain);
+			ck_assert_str_eq(m.body, "plain body");
+			ck_assert_str_eq(m.content_type, "text/plain");
+			ck_assert_str_eq(m.business_key, "inv-9");
+		}
+		ck_assert_int_eq(m.delivery_mode, 2);
+		ck_assert_int_eq(m.attempt, 1);
+		ck_assert_msg(m.timestamp > 1700000000ULL, "timestamp %llu",
+		    (unsigned long long)m.timestamp);
+		tl_msg_free(&m);
+		seen++;
+	}
+	ck_assert_int_eq(seen, 2);
+	ck_assert_int_eq(tl_wait_sql_int(db, 2, 5000, COUNT_STATUS(1)
+	    " AND next_schedule_time IS NULL"), 2);
+	ck_assert_int_eq(tl_outboxd_stop(pid, 10000), 0);
+	tl_amqp_close(a);
+}
+END_TEST
+
+START_TEST(test_ten_thousand_rows_each_once)
+{
+	enum { N = 10000 };
+	struct tl_amqp *a = tl_amqp_open();
+	unsigned *counts = calloc(N + 1000000, sizeof(*counts));
+	long long first, dup = 0, missing = 0;
+	int64_t t0;
+	pid_t pid;
+
+	tl_queue(a, "relay.bulk", "", "");
+	tl_consume(a, "relay.bulk");
+	tl_sql(db, "SELECT outbox_enqueue('', 'relay.bulk', 'msg ' || g) "
+	    "FROM generate_series(1, %d) g", N);
+	first = tl_sql_int(db, "SELECT min(id) FROM t_transactional_message");
+	t0 = tl_ms();
+	pid = tl_outboxd_start("relay.batch_size: 500\n");
+	tl_collect(a, counts, first + N, N, 15000, 120000);
+	fprintf(stderr, "relay: %d rows delivered in %lld ms\n", N,
+	    (long long)(tl_ms() - t0));
+	for (long long id = first; id < first + N; id++) {
+		if (counts[id] == 0)
+			missing++;
+		else if (counts[id] > 1)
+			dup++;
+	}
+	ck_assert_int_eq(missing, 0);
+	ck_assert_int_eq(dup, 0);
+	ck_assert_int_eq(tl_wait_sql_int(db, N, 10000, COUNT_STATUS(1)), N);
+	ck_assert_int_eq(tl_outboxd_stop(pid, 10000), 0);
+	free(counts);
+	tl_amqp_close(a);
+}
+END_TEST
+
+/* Bad rows of each kind between good ones; each fails alone. */
+START_TEST(test_bad_rows_fail_alone_and_die)
+{
+	struct tl_amqp *a = tl_amqp_open();
+	unsigned counts[4096] = { 0 };
+	char err[512];
+	pid_t pid;
+	long long good;
+
+	tl_queue(a, "relay.good", "", "");
+	tl_exchange(a, "relay.direct", "direct");
+	tl_consume(a, "relay.good");
+	tl_sql(db, "SELECT outbox_enqueue('', 'relay.good', 'good ' || g) "
+	    "FROM generate_series(1, 20) g");
+	/* Unroutable: the default exchange has no such queue. */
+	tl_sql(db, "SELECT outbox_enqueue('', 'relay.nowhere', 'x', "
+	    "max_retry_times => 3, init_backoff => '100ms', business_key => "
+	    "'unroutable')");
+	tl_sql(db, "SELECT outbox_enqueue('relay.missing', 'k', 'x', "
+	    "max_retry_times => 3, init_backoff => '100ms', business_key => "
+	    "'missing')");
+	tl_sql(db, "SELECT outbox_enqueue('relay.direct', 'k', 'x', "
+	    "exchange_type => 'topic', max_retry_times => 3, init_backoff => "
+	    "'100ms', business_key => 'mismatch')");
+	tl_sql(db, "SELECT outbox_enqueue('', 'relay.good', 'good ' || g) "
+	    "FROM generate_series(21, 40) g");
+	pid = tl_outboxd_start(NULL);
+	good = tl_collect(a, counts, 4096, 40, 5000, 30000);
+	ck_assert_int_eq(good, 40);
+	/* Each bad row fails on its first attempt with the broker's words
+	 * and a future due time, then dies after three attempts. */
+	ck_assert_int_eq(tl_wait_sql_int(db, 3, 20000,
+	    COUNT_STATUS(3) " AND current_retry_times = 3"), 3);
+	tl_sql_text(db, err, sizeof(err), "SELECT last_error FROM "
+	    "t_transactional_message WHERE business_key = 'unroutable'");
+	ck_assert_msg(strstr(err, "NO_ROUTE") != NULL, "last_error: %s", err);
+	tl_sql_text(db, err, sizeof(err), "SELECT last_error FROM "
+	    "t_transactional_message WHERE business_key = 'missing'");
+	ck_assert_msg(strstr(err, "NOT_FOUND") != NULL, "last_error: %s", err);
+	tl_sql_text(db, err, sizeof(err), "SELECT last_error FROM "
+	    "t_transactional_message WHERE business_key = 'mismatch'");
+	ck_assert_msg(strstr(err, "PRECONDITION_FAILED") != NULL,
+	    "last_error: %s", err);
+	ck_assert_int_eq(tl_sql_int(db, COUNT_STATUS(1)), 40);
+	ck_assert_int_eq(tl_sql_int(db, COUNT_STATUS(3)
+	    " AND next_schedule_time IS NULL"), 3);
+	ck_assert_int_eq(tl_outboxd_stop(pid, 10000), 0);
+	tl_amqp_close(a);
+}
+END_TEST
+
+/* A failing row's first failure sets FAIL with a future due time. */
+START_TEST(test_failure_is_rescheduled_in_future)
+{
+	pid_t pid;
+
+	tl_sql(db, "SELECT outbox_enqueue('relay.missing2', 'k', 'x', "
+	    "init_backoff => '1 hour')");
+	pid = tl_outboxd_start(NULL);
+	ck_assert_int_eq(tl_wait_sql_int(db, 1, 10000, COUNT_STATUS(2)
+	    " AND current_retry_times = 1 AND last_error LIKE '%%NOT_FOUND%%'"
+	    " AND next_schedule_time > now() + interval '50 minutes'"), 1);
+	ck_assert_int_eq(tl_outboxd_stop(pid, 10000), 0);
+}
+END_TEST
+
+/* init_backoff × factor^n per row, capped by backoff.max. */
+START_TEST(test_schedule_follows_formula_and_cap)
+{
+	const long long want[] = { 200, 400, 800, 1000, 1000 };
+	pid_t pid;
+
+	tl_sql(db, "SELECT outbox_enqueue('relay.nope', 'k', 'x', "
+	    "max_retry_times => 6, init_backoff => '200ms', "
+	    "backoff_factor => 2)");
+	pid = tl_outboxd_start("backoff.max: 1s\n");
+	for (int n = 0; n < 5; n++) {
+		long long delay;
+
+		ck_assert_int_eq(tl_wait_sql_int(db, n + 1, 10000,
+		    "SELECT current_retry_times FROM t_transactional_message"),
+		    n + 1);
+		/* Both come from one UPDATE's now(): the exact delay. */
+		delay = tl_sql_int(db, "SELECT (extract(epoch FROM "
+		    "next_schedule_time - edit_time) * 1000)::int8 FROM "
+		    "t_transactional_message");
+		ck_assert_int_eq(delay, want[n]);
+	}
+	ck_assert_int_eq(tl_wait_sql_int(db, 1, 10000, COUNT_STATUS(3)
+	    " AND current_retry_times = 6"), 1);
+	ck_assert_int_eq(tl_outboxd_stop(pid, 10000), 0);
+}
+END_TEST
+
+/* Rows sent, a server restarted mid-stream: every row SUCCESS and every
+ * SUCCESS row received at least once. */
+static void
+restart_mid_stream(const char *service)
+{
+	enum { N = 5000 };
+	struct tl_amqp *a = tl_amqp_open();
+	unsigned *counts = calloc(2000000, sizeof(*counts));
+	long long first, missing = 0, dups = 0, sent;
+	pid_t pid;
+
+	tl_queue(a, "relay.restart", "", "");
+	tl_sql(db, "SELECT outbox_enqueue('', 'relay.restart', 'r ' || g) "
+	    "FROM generate_series(1, %d) g", N);
+	first = tl_sql_int(db, "SELECT min(id) FROM t_transactional_message");
+	pid = tl_outboxd_start("relay.batch_size: 100\n");
+	/* Restart once the relay is part-way through. */
+	ck_assert_int_ge(tl_wait_sql_int(db, -2, 30000, "SELECT CASE WHEN "
+	    "count(*) >= 500 THEN -2 ELSE count(*) END FROM "
+	    "t_transactional_message WHERE message_status = 1"), -2);
+	tl_servers("restart", service);
+	ck_assert_int_eq(tl_wait_sql_int(db, N, 120000, COUNT_STATUS(1)), N);
+	tl_amqp_close(a);
+	/* The consumer connects after the restart: a RabbitMQ restart must
+	 * not have lost persistent messages either. */
+	a = tl_amqp_open();
+	tl_consume(a, "relay.restart");
+	tl_collect(a, counts, 2000000, N, 5000, 60000);
+	for (long long id = first; id < first + N; id++) {
+		if (counts[id] == 0)
+			missing++;
+		else if (counts[id] > 1)
+			dups++;
+	}
+	sent = tl_sql_int(db, COUNT_STATUS(1));
+	fprintf(stderr, "restart %s: %lld sent, %lld missing, %lld "
+	    "duplicates\n", service, sent, missing, dups);
+	ck_assert_int_eq(missing, 0);
+	ck_assert_int_eq(tl_outboxd_stop(pid, 10000), 0);
+	free(counts);
+	tl_amqp_close(a);
+}
+
+START_TEST(test_rabbitmq_restart_loses_nothing)
+{
+	restart_mid_stream("rabbitmq");
+}
+END_TEST
+
+START_TEST(test_postgres_restart_loses_nothing)
+{
+	restart_mid_stream("pg");
+}
+END_TEST
+
+/* NOTIFY wakes the relay long before the poll interval. */
+START_TEST(test_notify_wakes_idle_relay)
+{
+	struct tl_amqp *a = tl_amqp_open();
+	struct tl_msg m;
+	int64_t t0, took;
+	pid_t pid;
+
+	tl_queue(a, "relay.wake", "", "");
+	tl_consume(a, "relay.wake");
+	pid = tl_outboxd_start("relay.poll_interval: 30s\n");
+	/* Wait for the relay to be up and idle: one row through first. */
+	tl_sql(db, "SELECT outbox_enqueue('', 'relay.wake', 'warm-up')");
+	ck_assert(tl_next(a, 10000, &m));
+	tl_msg_free(&m);
+	t0 = tl_ms();
+	tl_sql(db, "SELECT outbox_enqueue('', 'relay.wake', 'wake')");
+	ck_assert(tl_next(a, 10000, &m));
+	took = tl_ms() - t0;
+	ck_assert_str_eq(m.body, "wake");
+	tl_msg_free(&m);
+	fprintf(stderr, "relay: idle wake-up took %lld ms\n", (long long)took);
+	ck_assert_int_lt(took, 1000);
+	ck_assert_int_eq(tl_outboxd_stop(pid, 10000), 0);
+	tl_amqp_close(a);
+}
+END_TEST
+
+int
+main(void)
+{
+	Suite *s = suite_create("relay");
+	TCase *tc = tcase_create("relay");
+	SRunner *sr;
+	int failed;
+
+	tcase_add_checked_fixture(tc, setup, teardown);
+	tcase_set_timeout(tc, 300);
+	tcase_add_test(tc, test_function_and_plain_inserts_arrive);
+	tcase_add_test(tc, test_ten_thousand_rows_each_once);
+	tcase_add_test(tc, test_bad_rows_fail_alone_and_die);
+	tcase_add_test(tc, test_failure_is_rescheduled_in_future);
+	tcase_add_test(tc, test_schedule_follows_formula_and_cap);
+	tcase_add_test(tc, test_rabbitmq_restart_loses_nothing);
+	tcase_add_test(tc, test_postgres_restart_loses_nothing);
+	tcase_add_test(tc, test_notify_wakes_idle_relay);
+	suite_add_tcase(s, tc);
+	sr = srunner_create(s);
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed == 0 ? 0 : 1;
+}

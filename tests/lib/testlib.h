@@ -1,0 +1,87 @@
+/*
+ * Helpers for integration suites: SQL against the private PostgreSQL, an
+ * independent AMQP consumer (so tests do not trust the broker module they
+ * test), outboxd as a child process, and waiting with deadlines.
+ */
+#ifndef OUTBOXD_TESTLIB_H
+#define OUTBOXD_TESTLIB_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include <libpq-fe.h>
+
+/* An environment variable the integration runner sets; aborts the test
+ * with a clear message when it is missing. */
+const char *tl_env(const char *name);
+
+/* --- PostgreSQL ---------------------------------------------------------- */
+PGconn *tl_pg(void);
+void tl_sql(PGconn *, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* The first column of the first row as an integer (NULL reads as -1). */
+long long tl_sql_int(PGconn *, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* Same as text into buf ("" for NULL). */
+char *tl_sql_text(PGconn *, char *buf, size_t size, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* Empties the outbox tables. */
+void tl_reset_db(PGconn *);
+/* Polls a count query until it equals want or timeout_ms passes; returns
+ * the last value seen. */
+long long tl_wait_sql_int(PGconn *, long long want, int timeout_ms,
+    const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+
+/* --- RabbitMQ ------------------------------------------------------------ */
+struct tl_amqp;
+struct tl_amqp *tl_amqp_open(void);
+void tl_amqp_close(struct tl_amqp *);
+/* Declares a durable queue (purged), bound to exchange if not "". */
+void tl_queue(struct tl_amqp *, const char *queue, const char *exchange,
+    const char *routing_key);
+void tl_exchange(struct tl_amqp *, const char *name, const char *type);
+void tl_exchange_delete(struct tl_amqp *, const char *name);
+void tl_consume(struct tl_amqp *, const char *queue);
+
+struct tl_msg {
+	char *body;
+	size_t body_len;
+	long long message_id;	/* -1 if absent */
+	int delivery_mode;
+	char content_type[128];
+	uint64_t timestamp;
+	char business_module[128];
+	char business_key[128];
+	int attempt;		/* -1 if absent */
+	char routing_key[256];
+	char extra_header[256];	/* "key=value" of the first other header */
+};
+/* Next delivery from tl_consume's queue; false on timeout. */
+bool tl_next(struct tl_amqp *, int timeout_ms, struct tl_msg *);
+void tl_msg_free(struct tl_msg *);
+
+/* Receives until timeout passes with nothing new, or until `want` ids
+ * have been seen; counts[id] += 1 for each id < max_id.  Returns the
+ * number of deliveries. */
+size_t tl_collect(struct tl_amqp *, unsigned *counts, long long max_id,
+    size_t want, int idle_timeout_ms, int total_timeout_ms);
+
+/* --- outboxd and the servers -------------------------------------------- */
+/* Writes a config for the private servers plus extra YAML (whole
+ * sections, may be NULL) and starts `outboxd run`; stderr goes to a log
+ * file whose path is in tl_outboxd_log(). */
+pid_t tl_outboxd_start(const char *extra_yaml);
+const char *tl_outboxd_log(pid_t);
+/* SIGTERM, then waits up to timeout_ms; returns the exit status or -1. */
+int tl_outboxd_stop(pid_t, int timeout_ms);
+void tl_outboxd_kill(pid_t);
+/* tests/servers.sh CMD DIR SERVICE; aborts the test on failure. */
+void tl_servers(const char *cmd, const char *service);
+/* Milliseconds since the first call; for reporting. */
+int64_t tl_ms(void);
+/* Whether the log of a started outboxd contains needle. */
+bool tl_log_contains(pid_t, const char *needle);
+
+#endif

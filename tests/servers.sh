@@ -1,0 +1,321 @@
+#!/usr/bin/env bash
+# Private PostgreSQL, RabbitMQ and Redis servers for tests and `make run`:
+# each lives under DIR on free loopback ports, never the system services.
+#
+#   tests/servers.sh start   DIR [pg|rabbitmq|redis ...]   (default: all)
+#   tests/servers.sh stop    DIR [pg|rabbitmq|redis ...]
+#   tests/servers.sh restart DIR  pg|rabbitmq|redis ...
+#   tests/servers.sh kill    DIR  pg|rabbitmq|redis ...    (SIGKILL: crash)
+#   tests/servers.sh status  DIR
+#
+# `start` writes DIR/env.sh (ports and connection strings to source) and
+# DIR/outboxd.yml (a config for outboxd against these servers).  Ports are
+# chosen once per DIR and kept, so a restarted server comes back on the
+# same port.
+set -euo pipefail
+
+PG_BIN=${PG_BIN:-/usr/lib/postgresql/15/bin}
+RABBIT_BIN=${RABBIT_BIN:-/usr/lib/rabbitmq/bin}
+DEADLINE_S=${SERVERS_DEADLINE_S:-60}
+
+die() { echo "servers.sh: $*" >&2; exit 1; }
+note() { echo "servers.sh: $*" >&2; }
+
+usage() {
+	sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
+	exit 2
+}
+
+# Runs a command as the unprivileged owner of the PostgreSQL files:
+# initdb and postgres refuse to run as root.
+as_pg() {
+	if [ "$(id -u)" = 0 ]; then
+		runuser -u postgres -- "$@"
+	else
+		"$@"
+	fi
+}
+
+port_in_use() {
+	ss -Htln "sport = :$1" 2>/dev/null | grep -q .
+}
+
+# A free TCP port in 20000-29999 that is not already handed out in this
+# DIR.  rabbitmqctl takes 35672-35682 for itself, so stay clear of it.
+pick_port() {
+	local p taken
+	taken=" ${PORTS_TAKEN:-} "
+	for _ in $(seq 1 200); do
+		p=$((20000 + RANDOM % 10000))
+		case "$taken" in *" $p "*) continue ;; esac
+		port_in_use "$p" && continue
+		PORTS_TAKEN="${PORTS_TAKEN:-} $p"
+		echo "$p"
+		return 0
+	done
+	die "no free port found"
+}
+
+# Polls a command until it succeeds or the deadline passes.
+wait_for() {
+	local what=$1; shift
+	local end=$((SECONDS + DEADLINE_S))
+	until "$@" >/dev/null 2>&1; do
+		[ $SECONDS -lt $end ] || die "$what did not become ready in ${DEADLINE_S}s"
+		sleep 0.1
+	done
+}
+
+load_ports() {
+	if [ -f "$DIR/ports" ]; then
+		# shellcheck disable=SC1091
+		. "$DIR/ports"
+		return
+	fi
+	PG_PORT=$(pick_port)
+	AMQP_PORT=$(pick_port)
+	AMQP_DIST_PORT=$(pick_port)
+	REDIS_PORT=$(pick_port)
+	HTTP_PORT=$(pick_port)
+	cat >"$DIR/ports" <<-EOF
+	PG_PORT=$PG_PORT
+	AMQP_PORT=$AMQP_PORT
+	AMQP_DIST_PORT=$AMQP_DIST_PORT
+	REDIS_PORT=$REDIS_PORT
+	HTTP_PORT=$HTTP_PORT
+	EOF
+}
+
+write_env() {
+	local node="outboxd-$AMQP_PORT@localhost"
+	cat >"$DIR/env.sh" <<-EOF
+	# Source this file to talk to the private servers in $DIR.
+	export OUTBOXD_SERVERS_DIR='$DIR'
+	export OUTBOXD_PG_PORT=$PG_PORT
+	export OUTBOXD_PG_CONNINFO='host=127.0.0.1 port=$PG_PORT dbname=outbox user=postgres'
+	export OUTBOXD_AMQP_PORT=$AMQP_PORT
+	export OUTBOXD_RABBIT_NODE='$node'
+	export OUTBOXD_REDIS_PORT=$REDIS_PORT
+	export OUTBOXD_HTTP_PORT=$HTTP_PORT
+	export PGHOST=127.0.0.1 PGPORT=$PG_PORT PGUSER=postgres PGDATABASE=outbox
+	EOF
+	cat >"$DIR/outboxd.yml" <<-EOF
+	# outboxd against the private servers in this directory
+	# (written by tests/servers.sh; see config/outboxd.yml for every key).
+	postgres:
+	  conninfo: "host=127.0.0.1 port=$PG_PORT dbname=outbox user=postgres"
+	rabbitmq:
+	  nodes: ["127.0.0.1:$AMQP_PORT"]
+	redis:
+	  address: "127.0.0.1:$REDIS_PORT"
+	relay:
+	  poll_interval: 5s
+	http:
+	  listen: "127.0.0.1:$HTTP_PORT"
+	EOF
+}
+
+# --- PostgreSQL ------------------------------------------------------------
+
+pg_ready() {
+	"$PG_BIN/pg_isready" -q -h 127.0.0.1 -p "$PG_PORT" -d postgres
+}
+
+start_pg() {
+	local data="$DIR/pg/data"
+	mkdir -p "$DIR/pg"
+	if [ "$(id -u)" = 0 ]; then
+		chown postgres: "$DIR/pg"
+		as_pg test -w "$DIR/pg" ||
+			die "user postgres cannot write $DIR/pg (is a parent directory private?)"
+	fi
+	if [ ! -f "$data/PG_VERSION" ]; then
+		as_pg "$PG_BIN/initdb" -D "$data" -U postgres --auth=trust \
+			-E UTF8 --locale=C.UTF-8 >"$DIR/pg/initdb.log" 2>&1 ||
+			{ cat "$DIR/pg/initdb.log" >&2; die "initdb failed"; }
+		cat >>"$data/postgresql.conf" <<-EOF
+		listen_addresses = '127.0.0.1'
+		unix_socket_directories = ''
+		max_connections = 60
+		shared_buffers = 128MB
+		fsync = ${OUTBOXD_PG_FSYNC:-off}
+		synchronous_commit = ${OUTBOXD_PG_SYNC_COMMIT:-off}
+		full_page_writes = off
+		log_min_messages = warning
+		EOF
+	fi
+	pg_ready && { note "postgres already running on $PG_PORT"; return; }
+	as_pg "$PG_BIN/pg_ctl" -D "$data" -o "-p $PG_PORT" \
+		-l "$DIR/pg/postgres.log" -w -t "$DEADLINE_S" start >/dev/null ||
+		{ tail -20 "$DIR/pg/postgres.log" >&2; die "postgres did not start"; }
+	wait_for "postgres" pg_ready
+	if ! "$PG_BIN/psql" -h 127.0.0.1 -p "$PG_PORT" -U postgres -d postgres \
+		-tAc "SELECT 1 FROM pg_database WHERE datname='outbox'" | grep -q 1; then
+		"$PG_BIN/createdb" -h 127.0.0.1 -p "$PG_PORT" -U postgres outbox
+	fi
+	note "postgres ready on 127.0.0.1:$PG_PORT"
+}
+
+stop_pg() {
+	[ -f "$DIR/pg/data/postmaster.pid" ] || return 0
+	as_pg "$PG_BIN/pg_ctl" -D "$DIR/pg/data" -m fast -w -t "$DEADLINE_S" \
+		stop >/dev/null 2>&1 || true
+}
+
+kill_pg() {
+	local pid
+	pid=$(head -1 "$DIR/pg/data/postmaster.pid" 2>/dev/null) || return 0
+	kill -9 "$pid" 2>/dev/null || true
+	# The postmaster's children notice its death and exit on their own.
+	local end=$((SECONDS + DEADLINE_S))
+	while pg_ready && [ $SECONDS -lt $end ]; do sleep 0.1; done
+}
+
+# --- RabbitMQ --------------------------------------------------------------
+
+rabbit_env() {
+	export HOME="$DIR/rabbitmq"
+	export RABBITMQ_NODENAME="outboxd-$AMQP_PORT@localhost"
+	export RABBITMQ_NODE_IP_ADDRESS=127.0.0.1
+	export RABBITMQ_NODE_PORT=$AMQP_PORT
+	export RABBITMQ_DIST_PORT=$AMQP_DIST_PORT
+	export RABBITMQ_MNESIA_BASE="$DIR/rabbitmq/mnesia"
+	export RABBITMQ_LOG_BASE="$DIR/rabbitmq/log"
+	export RABBITMQ_ENABLED_PLUGINS_FILE="$DIR/rabbitmq/enabled_plugins"
+	export RABBITMQ_PID_FILE="$DIR/rabbitmq/rabbitmq.pid"
+	export RABBITMQ_CONFIG_FILE="$DIR/rabbitmq/rabbitmq"
+	export RABBITMQ_ADVANCED_CONFIG_FILE="$DIR/rabbitmq/advanced.config"
+}
+
+rabbitctl() {
+	"$RABBIT_BIN/rabbitmqctl" -n "$RABBITMQ_NODENAME" "$@"
+}
+
+start_rabbitmq() {
+	mkdir -p "$DIR/rabbitmq/log"
+	rabbit_env
+	echo "[]." >"$RABBITMQ_ENABLED_PLUGINS_FILE"
+	echo "[]." >"$RABBITMQ_ADVANCED_CONFIG_FILE"
+	# A small max_message_size lets tests reach the limit cheaply.
+	cat >"$RABBITMQ_CONFIG_FILE.conf" <<-EOF
+	loopback_users = none
+	max_message_size = ${OUTBOXD_RABBIT_MAX_MESSAGE:-4194304}
+	vm_memory_high_watermark.relative = 0.2
+	disk_free_limit.absolute = 50MB
+	EOF
+	if rabbitctl status >/dev/null 2>&1; then
+		note "rabbitmq already running on $AMQP_PORT"
+		return
+	fi
+	"$RABBIT_BIN/rabbitmq-server" >"$DIR/rabbitmq/console.log" 2>&1 &
+	local server_pid=$!
+	# await_startup fails at once until the node has registered with epmd,
+	# so poll it; give up early if the server process died.
+	local end=$((SECONDS + DEADLINE_S))
+	until rabbitctl await_startup --timeout 10 >/dev/null 2>&1; do
+		if ! kill -0 "$server_pid" 2>/dev/null || [ $SECONDS -ge $end ]; then
+			tail -20 "$DIR/rabbitmq/console.log" >&2
+			die "rabbitmq did not start"
+		fi
+		sleep 0.2
+	done
+	note "rabbitmq ready on 127.0.0.1:$AMQP_PORT"
+}
+
+stop_rabbitmq() {
+	[ -d "$DIR/rabbitmq" ] || return 0
+	rabbit_env
+	rabbitctl shutdown >/dev/null 2>&1 || kill_rabbitmq
+}
+
+kill_rabbitmq() {
+	[ -d "$DIR/rabbitmq" ] || return 0
+	rabbit_env
+	local pid
+	pid=$(cat "$RABBITMQ_PID_FILE" 2>/dev/null) || true
+	[ -n "$pid" ] && kill -9 "$pid" 2>/dev/null || true
+	local end=$((SECONDS + DEADLINE_S))
+	while port_in_use "$AMQP_PORT" && [ $SECONDS -lt $end ]; do
+		sleep 0.1
+	done
+	rm -f "$RABBITMQ_PID_FILE"
+}
+
+# --- Redis -----------------------------------------------------------------
+
+redis_ready() {
+	redis-cli -h 127.0.0.1 -p "$REDIS_PORT" ping | grep -q PONG
+}
+
+start_redis() {
+	mkdir -p "$DIR/redis"
+	if redis_ready 2>/dev/null; then
+		note "redis already running on $REDIS_PORT"
+		return
+	fi
+	redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --dir "$DIR/redis" \
+		--daemonize yes --pidfile "$DIR/redis/redis.pid" \
+		--logfile "$DIR/redis/redis.log" --save "" --appendonly no \
+		>/dev/null || die "redis-server did not start"
+	wait_for "redis" redis_ready
+	note "redis ready on 127.0.0.1:$REDIS_PORT"
+}
+
+stop_redis() {
+	[ -f "$DIR/redis/redis.pid" ] || return 0
+	redis-cli -h 127.0.0.1 -p "$REDIS_PORT" shutdown nosave >/dev/null 2>&1 ||
+		kill_redis
+	rm -f "$DIR/redis/redis.pid"
+}
+
+kill_redis() {
+	local pid
+	pid=$(cat "$DIR/redis/redis.pid" 2>/dev/null) || return 0
+	kill -9 "$pid" 2>/dev/null || true
+	local end=$((SECONDS + DEADLINE_S))
+	while port_in_use "$REDIS_PORT" && [ $SECONDS -lt $end ]; do
+		sleep 0.1
+	done
+	rm -f "$DIR/redis/redis.pid"
+}
+
+# --- main ------------------------------------------------------------------
+
+[ $# -ge 2 ] || usage
+cmd=$1
+mkdir -p "$2"
+DIR=$(cd "$2" && pwd)
+shift 2
+services=("$@")
+[ ${#services[@]} -gt 0 ] || services=(pg rabbitmq redis)
+for s in "${services[@]}"; do
+	case "$s" in pg|rabbitmq|redis) ;; *) die "unknown server '$s'" ;; esac
+done
+load_ports
+
+case "$cmd" in
+start)
+	write_env
+	for s in "${services[@]}"; do "start_$s"; done
+	;;
+stop)
+	# Stop in reverse so the relay's dependencies go last.
+	for ((i = ${#services[@]} - 1; i >= 0; i--)); do
+		"stop_${services[$i]}"
+	done
+	;;
+restart)
+	for s in "${services[@]}"; do "stop_$s"; "start_$s"; done
+	;;
+kill)
+	for s in "${services[@]}"; do "kill_$s"; done
+	;;
+status)
+	pg_ready && echo "pg: up on $PG_PORT" || echo "pg: down"
+	port_in_use "$AMQP_PORT" && echo "rabbitmq: up on $AMQP_PORT" ||
+		echo "rabbitmq: down"
+	redis_ready 2>/dev/null && echo "redis: up on $REDIS_PORT" ||
+		echo "redis: down"
+	;;
+*) usage ;;
+esac
