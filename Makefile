@@ -45,6 +45,9 @@ INTEG_SRCS  := $(sort $(wildcard tests/integration/check_*.c))
 TESTLIB_SRCS := $(sort $(wildcard tests/lib/*.c))
 TESTLIB_OBJS := $(TESTLIB_SRCS:%.c=$(B)/%.o)
 UNIT_BINS   := $(UNIT_SRCS:%.c=$(B)/%)
+# Shell suites (packaging, examples) print "N passed, N failed" at the end.
+UNIT_SCRIPTS  := $(sort $(wildcard tests/unit/test_*.sh))
+INTEG_SCRIPTS := $(sort $(wildcard tests/integration/test_*.sh))
 INTEG_BINS  := $(INTEG_SRCS:%.c=$(B)/%)
 BENCH_SRCS  := $(sort $(wildcard bench/*.c))
 BENCH_BINS  := $(BENCH_SRCS:%.c=$(B)/%)
@@ -102,10 +105,11 @@ test: deps
 	@$(MAKE) --no-print-directory unit integration
 
 unit: $(UNIT_BINS)
-	@tests/run-unit.sh $(UNIT_BINS)
+	@tests/run-unit.sh $(UNIT_BINS) $(UNIT_SCRIPTS)
 
 integration: $(B)/outboxd $(INTEG_BINS)
-	@OUTBOXD_BIN=$(B)/outboxd tests/run-integration.sh $(INTEG_BINS)
+	@OUTBOXD_BIN=$(B)/outboxd tests/run-integration.sh $(INTEG_BINS) \
+		$(INTEG_SCRIPTS)
 
 valgrind: $(UNIT_BINS)
 	@VALGRIND=1 tests/run-unit.sh $(UNIT_BINS)

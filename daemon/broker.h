@@ -43,7 +43,10 @@ struct broker_conf {
 struct broker_msg {
 	int64_t id;		/* outbox id: becomes message_id */
 	const char *exchange;	/* "" = default exchange */
-	const char *exchange_type; /* for the error text only; may be NULL */
+	/* Non-empty: the exchange is declared durable with this type
+	 * (created when missing; a different existing type rejects the
+	 * message).  NULL or "": it must exist (passive check). */
+	const char *exchange_type;
 	const char *routing_key;
 	const void *body;
 	size_t body_len;
@@ -97,9 +100,67 @@ const char *broker_error(const struct broker *);
 int broker_publish_batch(struct broker *, const struct broker_msg *msgs,
     size_t n, struct broker_result *results) WARN_UNUSED;
 
-/* Test and CLI helpers: declare a durable queue bound to exchange with
- * routing_key ("" exchange = no binding), and count its messages. */
+/*
+ * Services heartbeats and reads what the broker sent while no batch was
+ * running (e.g. a connection.close), without blocking.  Call it while
+ * idle: rabbitmq-c 0.11 only handles heartbeats inside its own calls.
+ * Returns -1 when the connection is gone (error in broker_error()).
+ */
+int broker_tick(struct broker *) WARN_UNUSED;
+
+/*
+ * Test and CLI helpers; they run on their own channel, so a refusal
+ * (404, 406) never disturbs publishing.  Each returns -1 with the
+ * broker's words in broker_error().
+ */
+/* Declares a durable classic queue, bound to exchange with routing_key
+ * when exchange is not "". */
 int broker_declare_queue(struct broker *, const char *queue,
     const char *exchange, const char *routing_key) WARN_UNUSED;
+/* Messages ready in queue (a passive declare: it may lag behind the
+ * last confirm for a moment, so poll it). */
+int broker_queue_count(struct broker *, const char *queue,
+    uint32_t *count) WARN_UNUSED;
+int broker_delete_queue(struct broker *, const char *queue) WARN_UNUSED;
+/* Declares a durable exchange of type ("direct", "topic", ...). */
+int broker_declare_exchange(struct broker *, const char *exchange,
+    const char *type) WARN_UNUSED;
+int broker_delete_exchange(struct broker *, const char *exchange)
+    WARN_UNUSED;
+
+/* A received message; every pointer is an owned, NUL-terminated copy. */
+struct broker_header {
+	char *key;
+	char *value;		/* strings as sent; integers in decimal */
+	bool integer;		/* the field was an AMQP integer */
+};
+
+struct broker_delivery {
+	char *body;		/* body_len bytes, plus a NUL */
+	size_t body_len;
+	char *exchange;
+	char *routing_key;
+	char *message_id;	/* NULL when absent */
+	char *content_type;	/* NULL when absent */
+	int delivery_mode;	/* 2 = persistent; 0 when absent */
+	int64_t timestamp_s;	/* 0 when absent */
+	struct broker_header *headers;
+	size_t n_headers;
+};
+
+/*
+ * Consuming, for tests and the CLI.  broker_consume() turns a connected
+ * broker into a consumer of queue (auto-ack); keep a separate struct
+ * broker for it, as a consuming broker refuses to publish.
+ * broker_get() waits up to timeout_ms for the next delivery: 0 with *out
+ * set, 0 with *out NULL when none came, -1 on error.
+ */
+int broker_consume(struct broker *, const char *queue) WARN_UNUSED;
+int broker_get(struct broker *, int64_t timeout_ms,
+    struct broker_delivery **out) WARN_UNUSED;
+/* The header named key, or NULL. */
+const struct broker_header *broker_delivery_header(
+    const struct broker_delivery *, const char *key);
+void broker_delivery_free(struct broker_delivery *);
 
 #endif

@@ -1,24 +1,166 @@
 /*
  * The operator's commands.  Each connects with the daemon's own
- * postgres settings, does one thing, prints a result and exits.
+ * postgres settings, does one thing, prints a result and exits with a
+ * code scripts can rely on: 0 ok, 1 runtime error, 2 usage error.
  */
 #include "cli.h"
 
+#include <getopt.h>
+#include <inttypes.h>
+#include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "store.h"
 
+#define EXIT_RUNTIME 1
+#define EXIT_USAGE 2
+
 static int
-cmd_migrate(struct store *s)
+fail(struct store *s)
 {
-	if (store_migrate(s) == -1) {
-		fprintf(stderr, "outboxd: %s\n", store_error(s));
-		return 1;
+	fprintf(stderr, "outboxd: %s\n", store_error(s));
+	return EXIT_RUNTIME;
+}
+
+static int
+cmd_migrate(struct store *s, int argc, char **argv)
+{
+	(void)argv;
+	if (argc > 1) {
+		fprintf(stderr, "usage: outboxd migrate\n");
+		return EXIT_USAGE;
 	}
+	if (store_migrate(s) == -1)
+		return fail(s);
 	printf("schema up to date\n");
 	return 0;
 }
+
+static int
+cmd_status(struct store *s, int argc, char **argv)
+{
+	struct store_counts c;
+
+	(void)argv;
+	if (argc > 1) {
+		fprintf(stderr, "usage: outboxd status\n");
+		return EXIT_USAGE;
+	}
+	if (store_counts(s, true, &c) == -1)
+		return fail(s);
+	printf("pending:          %" PRId64 "\n", c.pending);
+	printf("due now:          %" PRId64 "\n", c.due);
+	printf("oldest due age:   %.1fs\n", c.oldest_due_age_s);
+	printf("dead:             %" PRId64 "\n", c.dead);
+	printf("sent:             %" PRId64 "\n", c.sent);
+	return 0;
+}
+
+static void
+print_dead(const struct dead_row *d, void *arg)
+{
+	(void)arg;
+	printf("%" PRId64 "\t%s\t%s\t%s\t%d\t%s\t%s\n", d->id,
+	    *d->exchange_name ? d->exchange_name : "(default)",
+	    d->routing_key, d->business_key, d->retries, d->edit_time,
+	    d->last_error);
+}
+
+static int
+parse_int(const char *s, long min, long max, long *out)
+{
+	char *end;
+	long v;
+
+	v = strtol(s, &end, 10);
+	if (*s == '\0' || *end != '\0' || v < min || v > max)
+		return -1;
+	*out = v;
+	return 0;
+}
+
+static int
+cmd_dead(struct store *s, int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "limit", required_argument, NULL, 'l' },
+		{ NULL, 0, NULL, 0 },
+	};
+	long limit = 100;
+	int opt;
+
+	optind = 1;
+	while ((opt = getopt_long(argc, argv, "l:", opts, NULL)) != -1) {
+		if (opt != 'l' || parse_int(optarg, 1, 100000, &limit) == -1) {
+			fprintf(stderr, "usage: outboxd dead [--limit N]\n");
+			return EXIT_USAGE;
+		}
+	}
+	printf("id\texchange\trouting_key\tbusiness_key\tattempts\t"
+	    "edit_time\tlast_error\n");
+	if (store_list_dead(s, (int)limit, print_dead, NULL) == -1)
+		return fail(s);
+	return 0;
+}
+
+static int
+cmd_replay(struct store *s, int argc, char **argv)
+{
+	int64_t n;
+	long id;
+
+	if (argc != 2) {
+		fprintf(stderr, "usage: outboxd replay ID | --all\n");
+		return EXIT_USAGE;
+	}
+	if (strcmp(argv[1], "--all") == 0) {
+		id = 0;
+	} else if (parse_int(argv[1], 1, LONG_MAX, &id) == -1) {
+		fprintf(stderr, "outboxd: replay: '%s' is not a row id\n",
+		    argv[1]);
+		return EXIT_USAGE;
+	}
+	if (store_replay_dead(s, id, &n) == -1)
+		return fail(s);
+	printf("%" PRId64 " row%s replayed\n", n, n == 1 ? "" : "s");
+	/* Asking for one id that is not dead is worth a non-zero exit. */
+	return (id != 0 && n == 0) ? EXIT_RUNTIME : 0;
+}
+
+static int
+cmd_purge(struct store *s, int argc, char **argv)
+{
+	int64_t age, n, total = 0;
+
+	if (argc != 3 || strcmp(argv[1], "--older-than") != 0 ||
+	    duration_parse(argv[2], &age) == -1) {
+		fprintf(stderr, "usage: outboxd purge --older-than DURATION "
+		    "(e.g. 7d, 12h)\n");
+		return EXIT_USAGE;
+	}
+	/* Chunks keep each transaction, and its locks, short. */
+	do {
+		if (store_purge_sent(s, age, 5000, &n) == -1)
+			return fail(s);
+		total += n;
+	} while (n > 0);
+	printf("%" PRId64 " sent row%s purged\n", total, total == 1 ? "" :
+	    "s");
+	return 0;
+}
+
+static const struct {
+	const char *name;
+	int (*fn)(struct store *, int, char **);
+} commands[] = {
+	{ "migrate", cmd_migrate },
+	{ "status", cmd_status },
+	{ "dead", cmd_dead },
+	{ "replay", cmd_replay },
+	{ "purge", cmd_purge },
+};
 
 int
 cli_admin(const struct config *cfg, const char *command, int argc,
@@ -27,20 +169,18 @@ cli_admin(const struct config *cfg, const char *command, int argc,
 	struct store *s;
 	int rc;
 
-	(void)argc;
-	(void)argv;
-	if (strcmp(command, "migrate") != 0) {
-		fprintf(stderr, "outboxd: unknown command '%s' (see outboxd "
-		    "-h)\n", command);
-		return 2;
-	}
-	s = store_new(&cfg->store);
-	if (store_connect(s) == -1) {
-		fprintf(stderr, "outboxd: %s\n", store_error(s));
+	for (size_t i = 0; i < ARRAY_LEN(commands); i++) {
+		if (strcmp(command, commands[i].name) != 0)
+			continue;
+		s = store_new(&cfg->store);
+		if (store_connect(s) == -1)
+			rc = fail(s);
+		else
+			rc = commands[i].fn(s, argc, argv);
 		store_free(s);
-		return 1;
+		return rc;
 	}
-	rc = cmd_migrate(s);
-	store_free(s);
-	return rc;
+	fprintf(stderr, "outboxd: unknown command '%s' (see outboxd -h)\n",
+	    command);
+	return EXIT_USAGE;
 }

@@ -435,6 +435,7 @@ node_kind(const yaml_node_t *n)
 	}
 }
 
+/* "a, b or c", for messages and the docs. */
 static void
 enum_list(char *buf, size_t size, const struct enum_name *names)
 {
@@ -442,8 +443,9 @@ enum_list(char *buf, size_t size, const struct enum_name *names)
 
 	buf[0] = '\0';
 	for (const struct enum_name *e = names; e->name != NULL; e++) {
-		int w = snprintf(buf + n, size - n, "%s%s",
-		    e == names ? "" : ", ", e->name);
+		const char *sep = e == names ? "" :
+		    e[1].name == NULL ? " or " : ", ";
+		int w = snprintf(buf + n, size - n, "%s%s", sep, e->name);
 
 		if (w < 0 || (size_t)w >= size - n)
 			break;
@@ -746,8 +748,8 @@ value_set(struct config *c, const struct key *k, const char *s, char *why,
 		return 0;
 	case T_SECRET_ENV:
 		if (!env_name_ok(s)) {
-			strfmt(why, whysz, "expected an environment variable "
-			    "name, got %s", q);
+			strfmt(why, whysz, "expected the name of an "
+			    "environment variable");
 			return -1;
 		}
 		string_set(f, s, false);
@@ -921,35 +923,41 @@ is_section(const char *path)
 	return false;
 }
 
-/* Levenshtein distance, ignoring case; SIZE_MAX for long names. */
+/* Edit distance counting a swap of neighbours as one edit ("levle" is
+ * one typo from "level"), ignoring case; SIZE_MAX for long names. */
 static size_t
 edit_distance(const char *a, const char *b)
 {
-	size_t la = strlen(a), lb = strlen(b), row[65];
+	size_t la = strlen(a), lb = strlen(b);
+	size_t prev2[65], prev[65], cur[65];
 
 	if (la > 64 || lb > 64)
 		return SIZE_MAX;
 	for (size_t j = 0; j <= lb; j++)
-		row[j] = j;
+		prev[j] = j;
 	for (size_t i = 1; i <= la; i++) {
-		size_t diag = row[0];
+		int ca = tolower((unsigned char)a[i - 1]);
 
-		row[0] = i;
+		cur[0] = i;
 		for (size_t j = 1; j <= lb; j++) {
-			size_t up = row[j];
-			size_t cost = tolower((unsigned char)a[i - 1]) !=
-			    tolower((unsigned char)b[j - 1]);
-			size_t best = diag + cost;
+			int cb = tolower((unsigned char)b[j - 1]);
+			size_t best = prev[j - 1] + (ca != cb);
 
-			if (up + 1 < best)
-				best = up + 1;
-			if (row[j - 1] + 1 < best)
-				best = row[j - 1] + 1;
-			row[j] = best;
-			diag = up;
+			if (prev[j] + 1 < best)
+				best = prev[j] + 1;
+			if (cur[j - 1] + 1 < best)
+				best = cur[j - 1] + 1;
+			if (i > 1 && j > 1 &&
+			    ca == tolower((unsigned char)b[j - 2]) &&
+			    cb == tolower((unsigned char)a[i - 2]) &&
+			    prev2[j - 2] + 1 < best)
+				best = prev2[j - 2] + 1;
+			cur[j] = best;
 		}
+		memcpy(prev2, prev, sizeof(prev));
+		memcpy(prev, cur, sizeof(cur));
 	}
-	return row[lb];
+	return prev[lb];
 }
 
 /*
@@ -1173,34 +1181,36 @@ walk(struct loader *L, yaml_node_t *map, const char *prefix)
 	}
 }
 
-/* Reads the first line of a password file, refusing one that others can
- * read: a secret in a world-readable file is no secret. */
+/*
+ * Reads the first line of a password file, refusing one that others can
+ * read: a secret in a world-readable file is no secret.  Messages never
+ * name the file: someone may have pasted the password itself there.
+ */
 static char *
 secret_file_read(const char *path, char *why, size_t whysz)
 {
-	char q[ECHO_MAX * 4 + 8], buf[SECRET_MAX_BYTES + 1];
+	char buf[SECRET_MAX_BYTES + 1];
 	char *secret = NULL, *nl;
 	struct stat st;
 	size_t len = 0;
 	int fd;
 
-	echo(q, sizeof(q), path);
 	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
 	if (fd == -1) {
-		strfmt(why, whysz, "cannot open %s: %s", q, strerror(errno));
+		strfmt(why, whysz, "cannot open the file: %s", strerror(errno));
 		return NULL;
 	}
 	if (fstat(fd, &st) == -1) {
-		strfmt(why, whysz, "cannot stat %s: %s", q, strerror(errno));
+		strfmt(why, whysz, "cannot stat the file: %s", strerror(errno));
 		goto fail;
 	}
 	if (!S_ISREG(st.st_mode)) {
-		strfmt(why, whysz, "%s is not a regular file", q);
+		strfmt(why, whysz, "the file is not a regular file");
 		goto fail;
 	}
 	if (st.st_mode & (S_IRWXG | S_IRWXO)) {
-		strfmt(why, whysz, "%s is accessible by group or others "
-		    "(mode %04o); run chmod 600 on it", q,
+		strfmt(why, whysz, "the file is accessible by group or others "
+		    "(mode %04o); run chmod 600 on it",
 		    (unsigned)(st.st_mode & 07777));
 		goto fail;
 	}
@@ -1210,7 +1220,7 @@ secret_file_read(const char *path, char *why, size_t whysz)
 		if (r == -1 && errno == EINTR)
 			continue;
 		if (r == -1) {
-			strfmt(why, whysz, "cannot read %s: %s", q,
+			strfmt(why, whysz, "cannot read the file: %s",
 			    strerror(errno));
 			goto fail;
 		}
@@ -1221,8 +1231,8 @@ secret_file_read(const char *path, char *why, size_t whysz)
 	buf[len] = '\0';
 	nl = memchr(buf, '\n', len);
 	if (nl == NULL && len == sizeof(buf) - 1) {
-		strfmt(why, whysz, "the first line of %s is longer than %d "
-		    "bytes", q, SECRET_MAX_BYTES - 1);
+		strfmt(why, whysz, "the file's first line is longer than %d "
+		    "bytes", SECRET_MAX_BYTES - 1);
 		goto fail;
 	}
 	if (nl != NULL)
@@ -1231,7 +1241,7 @@ secret_file_read(const char *path, char *why, size_t whysz)
 	if (len > 0 && buf[len - 1] == '\r')
 		buf[--len] = '\0';
 	if (len == 0) {
-		strfmt(why, whysz, "%s is empty", q);
+		strfmt(why, whysz, "the file's first line is empty");
 		goto fail;
 	}
 	secret = xstrdup(buf);
@@ -1276,12 +1286,13 @@ secrets_resolve(struct loader *L)
 			const char *var = *(char **)field(L->c, given[0]->off);
 			const char *val = getenv(var);
 
+			/* Not named, for the same reason as files. */
 			if (val == NULL)
-				strfmt(why, sizeof(why), "environment variable "
-				    "%s is not set", var);
+				strfmt(why, sizeof(why), "the environment "
+				    "variable is not set");
 			else if (*val == '\0')
-				strfmt(why, sizeof(why), "environment variable "
-				    "%s is empty", var);
+				strfmt(why, sizeof(why), "the environment "
+				    "variable is empty");
 			else
 				secret = xstrdup(val);
 		} else {
@@ -1442,8 +1453,9 @@ load(struct config *c, const char *name, const char *yaml, size_t len,
 	if (!yaml_parser_load(&parser, &extra)) {
 		syntax_problem(L, &parser, yaml, len);
 	} else {
+		/* A trailing "---" with nothing after it is harmless. */
 		root = yaml_document_get_root_node(&extra);
-		if (root != NULL)
+		if (root != NULL && !is_null(root))
 			problem(L, &extra.start_mark, "only one YAML document "
 			    "is allowed");
 		yaml_document_delete(&extra);
@@ -1718,8 +1730,6 @@ config_dump(const struct config *c, FILE *out)
 		fprintf(out, "%s: ", k->name);
 		switch (k->type) {
 		case T_STRING:
-		case T_SECRET_ENV:
-		case T_SECRET_FILE:
 		case T_LISTEN:
 			if (*(char *const *)f == NULL)
 				fputs("<unset>", out);
@@ -1730,6 +1740,10 @@ config_dump(const struct config *c, FILE *out)
 				string_dump(out, *(char *const *)f);
 			break;
 		case T_SECRET:
+		case T_SECRET_ENV:
+		case T_SECRET_FILE:
+			/* Even the variable name and path: they are where a
+			 * misplaced password would end up. */
 			fputs(*(char *const *)f ? "<set>" : "<unset>", out);
 			break;
 		case T_INT:

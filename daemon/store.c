@@ -90,6 +90,7 @@ struct store {
 	PGconn *conn;
 	PGresult *claimed;	/* the open batch's rows, or NULL */
 	bool in_transaction;
+	bool leader_lock_held;	/* session advisory lock, see below */
 	char error[512];
 	/* Reused across batches so a steady flow allocates nothing. */
 	struct outbox_row *rows;
@@ -174,6 +175,7 @@ store_disconnect(struct store *s)
 		s->conn = NULL;
 	}
 	s->in_transaction = false;
+	s->leader_lock_held = false;
 }
 
 static int
@@ -736,4 +738,193 @@ store_next_due_in(struct store *s, int64_t *ms)
 	}
 	PQclear(res);
 	return 0;
+}
+
+/* --- compensation and administration ---------------------------------- */
+
+/* Runs a parameterised statement; returns its result or NULL. */
+static PGresult *
+query(struct store *s, const char *what, const char *sql, int n,
+    const char *const *params, ExecStatusType want)
+{
+	PGresult *res = PQexecParams(s->conn, sql, n, NULL, params, NULL,
+	    NULL, 0);
+
+	if (PQresultStatus(res) != want) {
+		set_error(s, what, PQerrorMessage(s->conn));
+		PQclear(res);
+		return NULL;
+	}
+	return res;
+}
+
+/* Runs a data-changing statement and reports how many rows it touched. */
+static int
+command_count(struct store *s, const char *what, const char *sql, int n,
+    const char *const *params, int64_t *count)
+{
+	PGresult *res = query(s, what, sql, n, params, PGRES_COMMAND_OK);
+
+	if (res == NULL)
+		return -1;
+	*count = strtoll(PQcmdTuples(res), NULL, 10);
+	PQclear(res);
+	return 0;
+}
+
+int
+store_counts(struct store *s, bool count_sent, struct store_counts *c)
+{
+	PGresult *res;
+
+	res = query(s, "counts", "SELECT count(*),"
+	    " count(*) FILTER (WHERE coalesce(next_schedule_time,"
+	    "  '-infinity'::timestamptz) <= now()"
+	    "  AND current_retry_times < max_retry_times),"
+	    " coalesce(extract(epoch FROM now() - min(coalesce("
+	    "  next_schedule_time, create_time)) FILTER (WHERE"
+	    "  coalesce(next_schedule_time, '-infinity'::timestamptz) <= now()"
+	    "  AND current_retry_times < max_retry_times)), 0)::float8,"
+	    " (SELECT count(*) FROM t_transactional_message"
+	    "  WHERE message_status = 3)"
+	    " FROM t_transactional_message"
+	    " WHERE message_status IN (0, 2) AND NOT deleted",
+	    0, NULL, PGRES_TUPLES_OK);
+	if (res == NULL)
+		return -1;
+	c->pending = strtoll(PQgetvalue(res, 0, 0), NULL, 10);
+	c->due = strtoll(PQgetvalue(res, 0, 1), NULL, 10);
+	c->oldest_due_age_s = strtod(PQgetvalue(res, 0, 2), NULL);
+	c->dead = strtoll(PQgetvalue(res, 0, 3), NULL, 10);
+	PQclear(res);
+	c->sent = -1;
+	if (!count_sent)
+		return 0;
+	res = query(s, "counts", "SELECT count(*) FROM t_transactional_message"
+	    " WHERE message_status = 1", 0, NULL, PGRES_TUPLES_OK);
+	if (res == NULL)
+		return -1;
+	c->sent = strtoll(PQgetvalue(res, 0, 0), NULL, 10);
+	PQclear(res);
+	return 0;
+}
+
+int
+store_sweep_exhausted(struct store *s, int64_t *n)
+{
+	return command_count(s, "sweep", "UPDATE t_transactional_message"
+	    " SET message_status = 3, next_schedule_time = NULL,"
+	    " edit_time = now(), editor = 'outboxd',"
+	    " last_error = coalesce(last_error || '; ', '')"
+	    "  || 'retries exhausted (max_retry_times = '"
+	    "  || max_retry_times || ')'"
+	    " WHERE message_status IN (0, 2) AND NOT deleted"
+	    " AND current_retry_times >= max_retry_times", 0, NULL, n);
+}
+
+int
+store_purge_sent(struct store *s, int64_t older_than_ms, int chunk,
+    int64_t *n)
+{
+	char age[32], limit[16];
+	const char *params[2] = { age, limit };
+
+	snprintf(age, sizeof(age), "%" PRId64, older_than_ms);
+	snprintf(limit, sizeof(limit), "%d", chunk);
+	/* Oldest ids first along the primary key; the content rows go
+	 * with them (ON DELETE CASCADE). */
+	return command_count(s, "purge", "DELETE FROM t_transactional_message"
+	    " WHERE id IN (SELECT id FROM t_transactional_message"
+	    "  WHERE message_status = 1"
+	    "  AND edit_time < now() - $1::int8 * interval '1 millisecond'"
+	    "  ORDER BY id LIMIT $2::int4)", 2, params, n);
+}
+
+int
+store_replay_dead(struct store *s, int64_t id, int64_t *n)
+{
+	char idtext[32];
+	const char *params[1] = { idtext };
+
+	snprintf(idtext, sizeof(idtext), "%" PRId64, id);
+	if (command_count(s, "replay", "UPDATE t_transactional_message"
+	    " SET message_status = 0, current_retry_times = 0,"
+	    " next_schedule_time = now(), edit_time = now(),"
+	    " editor = 'outboxd replay',"
+	    " max_retry_times = greatest(max_retry_times, 1)"
+	    " WHERE message_status = 3 AND ($1::int8 = 0 OR id = $1::int8)",
+	    1, params, n) == -1)
+		return -1;
+	/* Replayed rows are due now: wake the relays rather than wait for
+	 * their next poll. */
+	if (*n > 0)
+		return exec_command(s, "NOTIFY " NOTIFY_CHANNEL);
+	return 0;
+}
+
+int
+store_list_dead(struct store *s, int limit,
+    void (*fn)(const struct dead_row *, void *), void *arg)
+{
+	char lim[16];
+	const char *params[1] = { lim };
+	PGresult *res;
+
+	snprintf(lim, sizeof(lim), "%d", limit);
+	res = query(s, "dead", "SELECT id, exchange_name,"
+	    " coalesce(nullif(routing_key, ''), queue_name),"
+	    " coalesce(business_key, ''), current_retry_times,"
+	    " to_char(edit_time, 'YYYY-MM-DD\"T\"HH24:MI:SSOF'),"
+	    " coalesce(last_error, '')"
+	    " FROM t_transactional_message WHERE message_status = 3"
+	    " ORDER BY id DESC LIMIT $1::int4", 1, params, PGRES_TUPLES_OK);
+	if (res == NULL)
+		return -1;
+	for (int i = 0; i < PQntuples(res); i++) {
+		struct dead_row d = {
+			.id = strtoll(PQgetvalue(res, i, 0), NULL, 10),
+			.exchange_name = PQgetvalue(res, i, 1),
+			.routing_key = PQgetvalue(res, i, 2),
+			.business_key = PQgetvalue(res, i, 3),
+			.retries = atoi(PQgetvalue(res, i, 4)),
+			.edit_time = PQgetvalue(res, i, 5),
+			.last_error = PQgetvalue(res, i, 6),
+		};
+		fn(&d, arg);
+	}
+	PQclear(res);
+	return 0;
+}
+
+/* Any fixed number will do, as long as every instance uses the same. */
+#define LEADER_LOCK_KEY "7400314"
+
+int
+store_try_leader_lock(struct store *s, bool *held)
+{
+	PGresult *res;
+
+	/* The lock is re-entrant per session: take it once, and know it
+	 * is gone when the session is (store_disconnect clears the flag). */
+	if (s->leader_lock_held) {
+		*held = true;
+		return 0;
+	}
+	res = query(s, "leader lock", "SELECT pg_try_advisory_lock("
+	    LEADER_LOCK_KEY ")", 0, NULL, PGRES_TUPLES_OK);
+	if (res == NULL)
+		return -1;
+	s->leader_lock_held = PQgetvalue(res, 0, 0)[0] == 't';
+	*held = s->leader_lock_held;
+	PQclear(res);
+	return 0;
+}
+
+void
+store_release_leader_lock(struct store *s)
+{
+	if (s->leader_lock_held && store_connected(s))
+		PQclear(PQexec(s->conn, "SELECT pg_advisory_unlock("
+		    LEADER_LOCK_KEY ")"));
+	s->leader_lock_held = false;
 }

@@ -108,6 +108,48 @@ int store_finish(struct store *, struct store_batch *,
 /* Rolls back (rows become due again untouched) and releases the batch. */
 void store_abort(struct store *, struct store_batch *);
 
+/* Row counts for status, metrics and the health check. */
+struct store_counts {
+	int64_t pending;	/* PENDING and FAIL rows, due or not */
+	int64_t due;		/* due now */
+	int64_t dead;
+	int64_t sent;		/* SUCCESS; -1 when not counted (costly) */
+	double oldest_due_age_s; /* 0 when nothing is due */
+};
+
+int store_counts(struct store *, bool count_sent, struct store_counts *)
+    WARN_UNUSED;
+
+/* Compensation, run by the leader: rows whose retries ran out (e.g.
+ * max_retry_times lowered by hand) become DEAD; sets *n to how many. */
+int store_sweep_exhausted(struct store *, int64_t *n) WARN_UNUSED;
+/* Deletes up to `chunk` SUCCESS rows (and their content) last edited
+ * more than older_than_ms ago; sets *n to how many were deleted. */
+int store_purge_sent(struct store *, int64_t older_than_ms, int chunk,
+    int64_t *n) WARN_UNUSED;
+/* Makes dead rows due again with their retry count reset: one id, or
+ * every dead row when id is 0.  Sets *n; wakes the relays. */
+int store_replay_dead(struct store *, int64_t id, int64_t *n) WARN_UNUSED;
+
+/* One dead row, for listing. */
+struct dead_row {
+	int64_t id;
+	const char *exchange_name;
+	const char *routing_key;
+	const char *business_key;
+	int retries;
+	const char *edit_time;
+	const char *last_error;
+};
+/* Calls fn for up to limit dead rows, newest first. */
+int store_list_dead(struct store *, int limit,
+    void (*fn)(const struct dead_row *, void *), void *arg) WARN_UNUSED;
+
+/* Session-level PostgreSQL advisory lock: the leader election fallback
+ * while Redis is unreachable.  *held is set to the outcome. */
+int store_try_leader_lock(struct store *, bool *held) WARN_UNUSED;
+void store_release_leader_lock(struct store *);
+
 /* Milliseconds until the earliest future due time (> 0), or -1 if none. */
 int store_next_due_in(struct store *, int64_t *ms) WARN_UNUSED;
 

@@ -32,7 +32,11 @@ for t in "$@"; do
 	echo "== ${t##*/}"
 	# Each suite gets a fresh set of rows; servers stay up between them.
 	psql -q -c "TRUNCATE t_transactional_message CASCADE" >/dev/null
-	timeout "${SUITE_TIMEOUT:-900}" "$t" || failed+=("${t##*/}")
+	if [ "${t%.sh}" != "$t" ]; then
+		timeout "${SUITE_TIMEOUT:-900}" bash "$t" || failed+=("${t##*/}")
+	else
+		timeout "${SUITE_TIMEOUT:-900}" "$t" || failed+=("${t##*/}")
+	fi
 	# A suite that stopped a server leaves it down: bring it back.
 	tests/servers.sh start "$dir" >/dev/null 2>&1 || true
 done

@@ -1,0 +1,107 @@
+/*
+ * The relay's state changes without servers: what a failed publish does
+ * to a row (retry with the row's backoff, or dead).
+ */
+#include <check.h>
+#include <stdlib.h>
+
+#include "relay.h"
+
+static struct backoff_params global;
+
+static void
+setup(void)
+{
+	backoff_params_default(&global);
+	global.max_ms = 3600000;
+}
+
+static struct outbox_row
+row(int retries, int max, int64_t init_ms, double factor)
+{
+	struct outbox_row r = { 0 };
+
+	r.id = 1;
+	r.current_retry_times = retries;
+	r.max_retry_times = max;
+	r.init_backoff_ms = init_ms;
+	r.backoff_factor = factor;
+	return r;
+}
+
+/* Table: retries so far → expected kind and delay, seed defaults. */
+START_TEST(test_reschedule_table)
+{
+	static const struct {
+		int retries, max;
+		int64_t init_ms;
+		double factor;
+		bool permanent;
+		enum mark_kind kind;
+		int64_t delay_ms;
+	} cases[] = {
+		{ 0, 5, 10000, 2, false, MARK_RETRY, 10000 },
+		{ 1, 5, 10000, 2, false, MARK_RETRY, 20000 },
+		{ 2, 5, 10000, 2, false, MARK_RETRY, 40000 },
+		{ 3, 5, 10000, 2, false, MARK_RETRY, 80000 },
+		{ 4, 5, 10000, 2, false, MARK_DEAD, 0 },	/* 5th failure */
+		{ 0, 1, 10000, 2, false, MARK_DEAD, 0 },
+		{ 0, 5, 10000, 2, true, MARK_DEAD, 0 },	/* permanent */
+		{ 0, 0, 10000, 2, false, MARK_DEAD, 0 },	/* max 0 */
+		{ 2, 10, 1000, 3, false, MARK_RETRY, 9000 },
+		{ 20, 30, 1000, 2, false, MARK_RETRY, 3600000 }, /* capped */
+	};
+
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		struct outbox_row r = row(cases[i].retries, cases[i].max,
+		    cases[i].init_ms, cases[i].factor);
+		int64_t delay;
+		const char *note;
+		enum mark_kind k = relay_reschedule(&global, &r,
+		    cases[i].permanent, NULL, &delay, &note);
+
+		ck_assert_msg(k == cases[i].kind, "case %zu: kind %d", i, k);
+		ck_assert_msg(delay == cases[i].delay_ms,
+		    "case %zu: delay %lld", i, (long long)delay);
+		ck_assert_ptr_null(note);
+	}
+}
+END_TEST
+
+/* A row with unusable backoff values is retried on the global ones and
+ * says so, rather than being lost or scheduled at nonsense times. */
+START_TEST(test_bad_row_backoff_falls_back)
+{
+	struct outbox_row r[] = { row(0, 5, -5, 2), row(0, 5, 1000, 0),
+		row(0, 5, 0, 2) };
+
+	for (size_t i = 0; i < sizeof(r) / sizeof(r[0]); i++) {
+		int64_t delay;
+		const char *note;
+
+		ck_assert_int_eq(relay_reschedule(&global, &r[i], false, NULL,
+		    &delay, &note), MARK_RETRY);
+		ck_assert_ptr_nonnull(note);
+		ck_assert_int_eq(delay, global.init_ms);
+	}
+}
+END_TEST
+
+int
+main(void)
+{
+	Suite *s = suite_create("relay-state");
+	TCase *tc = tcase_create("reschedule");
+	SRunner *sr;
+	int failed;
+
+	tcase_add_checked_fixture(tc, setup, NULL);
+	tcase_add_test(tc, test_reschedule_table);
+	tcase_add_test(tc, test_bad_row_backoff_falls_back);
+	suite_add_tcase(s, tc);
+	sr = srunner_create(s);
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed == 0 ? 0 : 1;
+}

@@ -1,0 +1,109 @@
+/* Durations and logfmt quoting: the small pure helpers. */
+#include <check.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "log.h"
+#include "util.h"
+
+START_TEST(test_duration_parse_table)
+{
+	static const struct {
+		const char *in;
+		int rc;
+		int64_t ms;
+	} cases[] = {
+		{ "250ms", 0, 250 }, { "10s", 0, 10000 }, { "5m", 0, 300000 },
+		{ "1h", 0, 3600000 }, { "2d", 0, 172800000 }, { "0", 0, 0 },
+		{ "1500", 0, 1500 }, { "", -1, 0 }, { "-1s", -1, 0 },
+		{ "10x", -1, 0 }, { "s", -1, 0 }, { " 1s", -1, 0 },
+		{ "1.5s", -1, 0 }, { "99999999999999999999", -1, 0 },
+		{ "9999999999999999d", -1, 0 },
+	};
+
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		int64_t ms = 0;
+		int rc = duration_parse(cases[i].in, &ms);
+
+		ck_assert_msg(rc == cases[i].rc, "'%s': rc %d", cases[i].in,
+		    rc);
+		if (rc == 0)
+			ck_assert_msg(ms == cases[i].ms, "'%s': %lld",
+			    cases[i].in, (long long)ms);
+	}
+	ck_assert_int_eq(duration_parse(NULL, &(int64_t){ 0 }), -1);
+}
+END_TEST
+
+START_TEST(test_duration_format_roundtrip)
+{
+	static const int64_t values[] = { 0, 1, 999, 1000, 1500, 60000,
+		3600000, 86400000, 90061000 };
+	char buf[32];
+
+	for (size_t i = 0; i < sizeof(values) / sizeof(values[0]); i++) {
+		int64_t back;
+
+		duration_format(buf, sizeof(buf), values[i]);
+		ck_assert_int_eq(duration_parse(buf, &back), 0);
+		ck_assert_int_eq(back, values[i]);
+	}
+	ck_assert_str_eq(duration_format(buf, sizeof(buf), 3600000), "1h");
+	ck_assert_str_eq(duration_format(buf, sizeof(buf), 1500), "1500ms");
+}
+END_TEST
+
+START_TEST(test_log_quote)
+{
+	char buf[64];
+
+	ck_assert_str_eq(log_quote(buf, sizeof(buf), "plain"), "plain");
+	ck_assert_str_eq(log_quote(buf, sizeof(buf), "two words"),
+	    "\"two words\"");
+	ck_assert_str_eq(log_quote(buf, sizeof(buf), "a\"b\\c"),
+	    "\"a\\\"b\\\\c\"");
+	ck_assert_str_eq(log_quote(buf, sizeof(buf), "k=v"), "\"k=v\"");
+	ck_assert_str_eq(log_quote(buf, sizeof(buf), "line\nbreak"),
+	    "\"line\\nbreak\"");
+	ck_assert_str_eq(log_quote(buf, sizeof(buf), ""), "\"\"");
+	ck_assert_str_eq(log_quote(buf, sizeof(buf), NULL), "\"\"");
+	/* Truncation keeps the closing quote and the terminator. */
+	log_quote(buf, 8, "a long value with spaces");
+	ck_assert_uint_lt(strlen(buf), 8);
+	ck_assert_uint_gt(strlen(buf), 2);
+	ck_assert_int_eq(buf[0], '"');
+	ck_assert_int_eq(buf[strlen(buf) - 1], '"');
+}
+END_TEST
+
+START_TEST(test_log_level_parse)
+{
+	enum log_level l;
+
+	ck_assert_int_eq(log_level_parse("debug", &l), 0);
+	ck_assert_int_eq(l, LOG_DEBUG);
+	ck_assert_int_eq(log_level_parse("warning", &l), 0);
+	ck_assert_int_eq(l, LOG_WARN);
+	ck_assert_int_eq(log_level_parse("loud", &l), -1);
+}
+END_TEST
+
+int
+main(void)
+{
+	Suite *s = suite_create("util");
+	TCase *tc = tcase_create("util");
+	SRunner *sr;
+	int failed;
+
+	tcase_add_test(tc, test_duration_parse_table);
+	tcase_add_test(tc, test_duration_format_roundtrip);
+	tcase_add_test(tc, test_log_quote);
+	tcase_add_test(tc, test_log_level_parse);
+	suite_add_tcase(s, tc);
+	sr = srunner_create(s);
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed == 0 ? 0 : 1;
+}
