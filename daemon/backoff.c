@@ -152,7 +152,7 @@ backoff_params_default(struct backoff_params *p)
 	p->init_ms = 10000;
 	p->factor = 2.0;
 	p->max_ms = 3600000;
-	p->jitter_factor = 0.5;
+	p->jitter_factor = 0.2;
 	p->max_attempts = 0;
 }
 

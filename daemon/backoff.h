@@ -64,8 +64,8 @@ uint64_t backoff_rng_next(struct backoff_rng *);
 double backoff_rng_unit(struct backoff_rng *);
 
 /* Fills p with the defaults: exponential, no jitter, 10 s, ×2, 1 h cap,
- * jitter_factor 0.5 (used only if proportional jitter is chosen), no
- * attempt limit. */
+ * jitter_factor 0.2 (used only by proportional jitter; config's default
+ * too), no attempt limit. */
 void backoff_params_default(struct backoff_params *);
 
 /*
@@ -112,8 +112,10 @@ void backoff_cursor_reset(struct backoff_cursor *);
 /* Names used by config and the CLI: "exponential", "full", …  The parse
  * functions return 0, or -1 for an unknown name; the name functions
  * return "unknown" for a value outside the enum. */
-int backoff_strategy_parse(const char *, enum backoff_strategy *);
-int backoff_jitter_parse(const char *, enum backoff_jitter *);
+int backoff_strategy_parse(const char *, enum backoff_strategy *)
+    __attribute__((warn_unused_result));
+int backoff_jitter_parse(const char *, enum backoff_jitter *)
+    __attribute__((warn_unused_result));
 const char *backoff_strategy_name(enum backoff_strategy);
 const char *backoff_jitter_name(enum backoff_jitter);
 

@@ -64,7 +64,7 @@ struct key {
 	unsigned flags;
 	size_t off;		/* the field in struct config */
 	size_t off2;		/* T_ADDRESS: the port field */
-	const char *def;	/* default, spelt as in the file; NULL = unset */
+	const char *def;	/* default, as written in a file; NULL: unset */
 	int64_t min, max;	/* T_INT, T_DURATION (ms), T_SIZE (bytes) */
 	double fmin, fmax;	/* T_FLOAT */
 	const struct enum_name *names;	/* T_ENUM, ends with a NULL name */
@@ -413,11 +413,12 @@ fmt_size(char *buf, size_t size, int64_t b)
 static bool
 is_null(const yaml_node_t *n)
 {
-	const char *s = (const char *)n->data.scalar.value;
+	const char *s;
 
 	if (n->type != YAML_SCALAR_NODE ||
 	    n->data.scalar.style != YAML_PLAIN_SCALAR_STYLE)
 		return false;
+	s = (const char *)n->data.scalar.value;
 	return *s == '\0' || strcmp(s, "~") == 0 || strcmp(s, "null") == 0 ||
 	    strcmp(s, "Null") == 0 || strcmp(s, "NULL") == 0;
 }
@@ -1054,6 +1055,11 @@ nodes_from_list(struct loader *L, const struct key *k, yaml_node_t *list,
 			continue;
 		}
 		s = is_null(item) ? "" : (const char *)item->data.scalar.value;
+		if (strlen(s) != item->data.scalar.length && !is_null(item)) {
+			problem(L, &item->start_mark, "%s: must not contain a "
+			    "NUL byte", k->name);
+			continue;
+		}
 		if (hostport_parse(s, k->port, k->port, &tmp[got].host,
 		    &tmp[got].port, why, sizeof(why)) != 0) {
 			problem(L, &item->start_mark, "%s: %s", k->name, why);
@@ -1306,12 +1312,12 @@ secrets_resolve(struct loader *L)
 			continue;
 		}
 		for (size_t i = 0; i < N_KEYS; i++) {
-			if (keys[i].group == (int)g && keys[i].type == T_SECRET) {
-				char **dst = field(L->c, keys[i].off);
+			char **dst = field(L->c, keys[i].off);
 
-				secret_free(*dst);
-				*dst = secret;
-			}
+			if (keys[i].group != (int)g || keys[i].type != T_SECRET)
+				continue;
+			secret_free(*dst);
+			*dst = secret;
 		}
 	}
 }
@@ -1325,7 +1331,8 @@ section_mark(struct loader *L, const char *section)
 	size_t n = strlen(section);
 
 	for (size_t i = 0; i < N_KEYS; i++) {
-		if (!L->seen[i].given || strncmp(keys[i].name, section, n) != 0 ||
+		if (!L->seen[i].given ||
+		    strncmp(keys[i].name, section, n) != 0 ||
 		    keys[i].name[n] != '.')
 			continue;
 		if (m == NULL || L->seen[i].key_mark.index < m->index)
@@ -1358,6 +1365,16 @@ cross_check(struct loader *L)
 	msg = backoff_params_check(&L->c->relay.reconnect);
 	if (msg != NULL)
 		problem(L, section_mark(L, "reconnect"), "reconnect: %s", msg);
+	/* The cap would silently win over the first delay: surely a slip. */
+	if (L->c->relay.reconnect.init_ms > L->c->relay.reconnect.max_ms) {
+		char init[32], max[32];
+
+		problem(L, section_mark(L, "reconnect"), "reconnect: init (%s) "
+		    "must not be more than max (%s)", fmt_duration(init,
+		    sizeof(init), L->c->relay.reconnect.init_ms),
+		    fmt_duration(max, sizeof(max),
+		    L->c->relay.reconnect.max_ms));
+	}
 }
 
 /* libyaml keeps scalars in the document; wipe every password value in it
@@ -1430,6 +1447,7 @@ load(struct config *c, const char *name, const char *yaml, size_t len,
 	L->name = name;
 	L->c = c;
 	L->doc = &doc;
+	config_free(c);
 	config_defaults(c);
 	if (!yaml_parser_initialize(&parser)) {
 		fprintf(stderr, "outboxd: out of memory\n");
@@ -1439,7 +1457,7 @@ load(struct config *c, const char *name, const char *yaml, size_t len,
 	    (const unsigned char *)(yaml ? yaml : ""), yaml ? len : 0);
 	if (!yaml_parser_load(&parser, &doc)) {
 		syntax_problem(L, &parser, yaml, len);
-		goto out;
+		goto fail;
 	}
 	root = yaml_document_get_root_node(&doc);
 	if (root == NULL || is_null(root)) {
@@ -1463,9 +1481,10 @@ load(struct config *c, const char *name, const char *yaml, size_t len,
 	cross_check(L);
 	document_wipe_secrets(&doc);
 	yaml_document_delete(&doc);
-out:
+fail:
 	yaml_parser_delete(&parser);
-	qsort(L->probs, L->n_probs, sizeof(*L->probs), problem_cmp);
+	if (L->n_probs > 0)
+		qsort(L->probs, L->n_probs, sizeof(*L->probs), problem_cmp);
 	for (size_t i = 0; i < L->n_probs; i++) {
 		problem_emit(name, L->probs[i].line, L->probs[i].col,
 		    L->probs[i].msg, errs);
@@ -1495,7 +1514,8 @@ config_defaults(struct config *c)
 	for (size_t i = 0; i < N_KEYS; i++) {
 		if (keys[i].def == NULL)
 			continue;
-		if (value_set(c, &keys[i], keys[i].def, why, sizeof(why)) != 0) {
+		if (value_set(c, &keys[i], keys[i].def, why,
+		    sizeof(why)) != 0) {
 			/* A bad default is a bug in the table above. */
 			fprintf(stderr, "outboxd: default of %s: %s\n",
 			    keys[i].name, why);
@@ -1518,7 +1538,7 @@ config_load(struct config *c, const char *path, FILE *errs)
 	size_t len = 0, cap = 0;
 	int fd, rc = -1;
 
-	memset(c, 0, sizeof(*c));
+	config_free(c);
 	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
 	if (fd == -1) {
 		problem_emit(path, 0, 0, strerror(errno), errs);
@@ -1526,6 +1546,7 @@ config_load(struct config *c, const char *path, FILE *errs)
 	}
 	/* Read to EOF rather than trust st_size: /dev/stdin works too. */
 	for (;;) {
+		char *nbuf;
 		ssize_t r;
 
 		if (len == cap) {
@@ -1537,8 +1558,7 @@ config_load(struct config *c, const char *path, FILE *errs)
 			cap = cap ? cap * 2 : 8192;
 			/* Grow by hand so the old copy, which may hold a
 			 * password, is wiped rather than left in free(). */
-			char *nbuf = xmalloc(cap);
-
+			nbuf = xmalloc(cap);
 			if (buf != NULL) {
 				memcpy(nbuf, buf, len);
 				explicit_bzero(buf, len);
@@ -1880,7 +1900,7 @@ config_reload_check(const struct config *old, const struct config *next,
 }
 
 void
-config_reload_apply(struct config *cur, const struct config *next)
+config_apply_reloadable(struct config *cur, const struct config *next)
 {
 	for (size_t i = 0; i < N_KEYS; i++) {
 		const struct key *k = &keys[i];
@@ -1931,12 +1951,13 @@ config_reload(struct config *cur, FILE *errs)
 {
 	struct config next;
 
+	memset(&next, 0, sizeof(next));
 	if (cur->path == NULL)
 		return -1;
 	if (config_load(&next, cur->path, errs) != 0)
 		return -1;
 	(void)config_reload_check(cur, &next, NULL);
-	config_reload_apply(cur, &next);
+	config_apply_reloadable(cur, &next);
 	config_free(&next);
 	return 0;
 }
@@ -1946,6 +1967,7 @@ config_check_file(const char *path, FILE *out)
 {
 	struct config c;
 
+	memset(&c, 0, sizeof(c));
 	if (config_load(&c, path, out) != 0)
 		return 1;
 	config_free(&c);

@@ -42,12 +42,13 @@ struct config {
 void config_defaults(struct config *);
 
 /*
- * Loads path over the defaults.  c's previous contents are ignored, not
- * freed: do not call config_defaults() first.  On success c->path is a
- * copy of path.  On error returns -1, leaves c empty (config_free() is
- * still safe) and writes every problem found, one
- * "path:line:col: message" per line, to errs (NULL: logs each one).
- * password_env and password_file are read here, at load time.
+ * Loads path over the defaults.  c must hold a config (from
+ * config_defaults() or an earlier load) or be all zeroes: whatever it
+ * holds is freed and replaced.  On success c->path is a copy of path.
+ * On error returns -1, leaves c empty (config_free() is still safe) and
+ * writes every problem found, one "path:line:col: message" per line, to
+ * errs (NULL: logs each one).  password_env and password_file are read
+ * here, at load time.
  */
 int config_load(struct config *, const char *path, FILE *errs) WARN_UNUSED;
 /* Same, from a string (for tests and fuzzing); name appears in errors. */
@@ -72,7 +73,7 @@ const char *const *config_keys(void);
  * reloadable to warn (NULL: logs a warning for each) and returns how
  * many there were.  It never prints a secret, only the key's name.
  *
- * config_reload_apply() copies the reloadable fields of next into cur and
+ * config_apply_reloadable() copies the reloadable fields of next into cur and
  * leaves every other field of cur as it was, so pointers that modules
  * hold into cur (&cur->relay, &cur->store, ...) stay valid.
  *
@@ -84,7 +85,7 @@ const char *const *config_keys(void);
  */
 int config_reload_check(const struct config *old, const struct config *next,
     FILE *warn);
-void config_reload_apply(struct config *cur, const struct config *next);
+void config_apply_reloadable(struct config *cur, const struct config *next);
 int config_reload(struct config *cur, FILE *errs) WARN_UNUSED;
 
 /*

@@ -20,6 +20,7 @@ struct relay {
 	struct broker *broker;
 	struct backoff_rng rng;
 	struct relay_stats stats;
+	bool include_retries;
 	/* Reconnect pacing, one cursor per server. */
 	struct backoff_cursor store_retry, broker_retry;
 	int64_t store_retry_at, broker_retry_at; /* monotonic ms */
@@ -41,6 +42,7 @@ relay_new(const struct relay_conf *conf, struct store *store,
 
 	r->store = store;
 	r->broker = broker;
+	r->include_retries = true;
 	backoff_rng_seed_random(&r->rng);
 	relay_set_conf(r, conf);
 	backoff_cursor_init(&r->store_retry, &conf->reconnect);
@@ -78,6 +80,12 @@ relay_set_conf(struct relay *r, const struct relay_conf *conf)
 	r->msg_row = xrealloc(r->msg_row, n * sizeof(*r->msg_row));
 	r->errors = xrealloc(r->errors, n * sizeof(*r->errors));
 	r->cap = n;
+}
+
+void
+relay_set_retries(struct relay *r, bool on)
+{
+	r->include_retries = on;
 }
 
 const struct relay_stats *
@@ -213,7 +221,8 @@ int
 relay_cycle(struct relay *r, size_t *claimed)
 {
 	struct store_claim_opts opts = { .limit = r->conf.batch_size,
-		.ordered_by_key = r->conf.ordering_by_key };
+		.ordered_by_key = r->conf.ordering_by_key,
+		.include_retries = r->include_retries };
 	struct store_batch batch;
 	size_t nmsg = 0;
 	int64_t started = now_mono_us(), confirmed;
@@ -363,17 +372,25 @@ wait_for_work(struct relay *r, int64_t timeout_ms)
 		store_disconnect(r->store);
 }
 
-/* How long until there may be work: the next due row or poll_interval. */
+/*
+ * How long until there may be work: the next due row or poll_interval.
+ * A due row that the claim skipped (held back by per-key ordering, or
+ * locked by another instance) must not turn this into a busy loop.
+ */
+#define MIN_IDLE_WAIT_MS 250
+
 static int64_t
 idle_timeout(struct relay *r, int64_t max_wait_ms)
 {
 	int64_t wait = r->conf.poll_interval_ms, due;
 
-	if (store_next_due_in(r->store, &due) == -1) {
+	if (store_next_due_in(r->store, r->include_retries, &due) == -1) {
 		store_disconnect(r->store);
 		return 0;
 	}
-	if (due >= 0 && due < wait)
+	if (due == 0)		/* due now, yet this cycle did not claim it */
+		wait = MIN_IDLE_WAIT_MS;
+	else if (due > 0 && due < wait)
 		wait = due;
 	return wait < max_wait_ms ? wait : max_wait_ms;
 }

@@ -55,6 +55,8 @@ struct relay *relay_new(const struct relay_conf *, struct store *,
 void relay_free(struct relay *);
 /* Applies a reloaded config (batch size, intervals, backoff). */
 void relay_set_conf(struct relay *, const struct relay_conf *);
+/* Whether this instance also retries FAIL rows (the leader does). */
+void relay_set_retries(struct relay *, bool);
 
 /*
  * Does one step of work: (re)connects what is down, then runs one cycle,

@@ -24,35 +24,43 @@
 	" AND coalesce(next_schedule_time, '-infinity'::timestamptz) <= now()" \
 	" AND current_retry_times < max_retry_times"
 
-static const char claim_sql[] =
-    "WITH due AS ("
-    " SELECT * FROM t_transactional_message m"
-    " WHERE " DUE_PREDICATE
-    "  AND ($2 = false OR m.business_key IS NULL OR NOT EXISTS ("
-    "   SELECT 1 FROM t_transactional_message o"
-    "   WHERE o.business_key = m.business_key AND o.id < m.id"
-    "    AND o.message_status IN (0, 2) AND NOT o.deleted))"
-    " ORDER BY coalesce(next_schedule_time, '-infinity'::timestamptz), id"
-    " LIMIT $1 FOR UPDATE SKIP LOCKED)"
-    " SELECT d.id, d.exchange_name, d.exchange_type,"
-    "  coalesce(nullif(d.routing_key, ''), d.queue_name),"
-    "  d.content_type, coalesce(d.business_module, ''),"
-    "  coalesce(d.business_key, ''), d.current_retry_times::int4,"
-    "  d.max_retry_times::int4,"
-    "  (extract(epoch FROM d.init_backoff) * 1000)::int8,"
-    "  d.backoff_factor, extract(epoch FROM d.create_time)::int8,"
-    "  c.content, c.message_id IS NOT NULL,"
-    "  CASE WHEN d.headers IS NULL OR jsonb_typeof(d.headers) = 'object'"
-    "   THEN NULL ELSE 'headers must be a JSON object, not '"
-    "   || jsonb_typeof(d.headers) END,"
-    "  h.keys, h.vals"
-    " FROM due d"
-    " LEFT JOIN t_transactional_message_content c ON c.message_id = d.id"
-    " LEFT JOIN LATERAL (SELECT array_agg(key) AS keys,"
-    "   array_agg(value) AS vals FROM jsonb_each_text(CASE WHEN"
-    "   jsonb_typeof(d.headers) = 'object' THEN d.headers END)) h ON true"
-    " ORDER BY coalesce(d.next_schedule_time,"
-    "  '-infinity'::timestamptz), d.id";
+/*
+ * The claim, in two forms: every due row (the leader, or any instance in
+ * single-active mode), or only rows never tried (non-leaders, which leave
+ * retries to the leader's compensation).  $2 turns per-key ordering on.
+ */
+#define CLAIM_SQL(extra) \
+    "WITH due AS (" \
+    " SELECT * FROM t_transactional_message m" \
+    " WHERE " DUE_PREDICATE extra \
+    "  AND ($2 = false OR m.business_key IS NULL OR NOT EXISTS (" \
+    "   SELECT 1 FROM t_transactional_message o" \
+    "   WHERE o.business_key = m.business_key AND o.id < m.id" \
+    "    AND o.message_status IN (0, 2) AND NOT o.deleted))" \
+    " ORDER BY coalesce(next_schedule_time, '-infinity'::timestamptz), id" \
+    " LIMIT $1 FOR UPDATE SKIP LOCKED)" \
+    " SELECT d.id, d.exchange_name, d.exchange_type," \
+    "  coalesce(nullif(d.routing_key, ''), d.queue_name)," \
+    "  d.content_type, coalesce(d.business_module, '')," \
+    "  coalesce(d.business_key, ''), d.current_retry_times::int4," \
+    "  d.max_retry_times::int4," \
+    "  (extract(epoch FROM d.init_backoff) * 1000)::int8," \
+    "  d.backoff_factor, extract(epoch FROM d.create_time)::int8," \
+    "  c.content, c.message_id IS NOT NULL," \
+    "  CASE WHEN d.headers IS NULL OR jsonb_typeof(d.headers) = 'object'" \
+    "   THEN NULL ELSE 'headers must be a JSON object, not '" \
+    "   || jsonb_typeof(d.headers) END," \
+    "  h.keys, h.vals" \
+    " FROM due d" \
+    " LEFT JOIN t_transactional_message_content c ON c.message_id = d.id" \
+    " LEFT JOIN LATERAL (SELECT array_agg(key) AS keys," \
+    "   array_agg(value) AS vals FROM jsonb_each_text(CASE WHEN" \
+    "   jsonb_typeof(d.headers) = 'object' THEN d.headers END)) h ON true" \
+    " ORDER BY coalesce(d.next_schedule_time," \
+    "  '-infinity'::timestamptz), d.id"
+
+static const char claim_all_sql[] = CLAIM_SQL("");
+static const char claim_new_sql[] = CLAIM_SQL(" AND m.message_status = 0");
 
 enum claim_col {
 	COL_ID, COL_EXCHANGE, COL_EXCHANGE_TYPE, COL_ROUTING_KEY,
@@ -78,12 +86,16 @@ static const char mark_failed_sql[] =
     "  AS u(id, status, delay_ms, error)"
     " WHERE t.id = u.id";
 
-static const char next_due_sql[] =
-    "SELECT (extract(epoch FROM min(coalesce(next_schedule_time,"
-    " '-infinity'::timestamptz)) - now()) * 1000)::int8"
-    " FROM t_transactional_message"
-    " WHERE message_status IN (0, 2) AND NOT deleted"
-    " AND current_retry_times < max_retry_times";
+#define NEXT_DUE_SQL(extra) \
+    "SELECT (extract(epoch FROM min(coalesce(next_schedule_time," \
+    " '-infinity'::timestamptz)) - now()) * 1000)::int8" \
+    " FROM t_transactional_message" \
+    " WHERE message_status IN (0, 2) AND NOT deleted" \
+    " AND current_retry_times < max_retry_times" extra
+
+static const char next_due_all_sql[] = NEXT_DUE_SQL("");
+static const char next_due_new_sql[] = NEXT_DUE_SQL(
+    " AND message_status = 0");
 
 struct store {
 	struct store_conf conf;
@@ -91,6 +103,7 @@ struct store {
 	PGresult *claimed;	/* the open batch's rows, or NULL */
 	bool in_transaction;
 	bool leader_lock_held;	/* session advisory lock, see below */
+	bool prepared;		/* this session's statements are ready */
 	char error[512];
 	/* Reused across batches so a steady flow allocates nothing. */
 	struct outbox_row *rows;
@@ -176,6 +189,7 @@ store_disconnect(struct store *s)
 	}
 	s->in_transaction = false;
 	s->leader_lock_held = false;
+	s->prepared = false;
 }
 
 static int
@@ -216,15 +230,30 @@ store_connect(struct store *s)
 		set_error(s, "postgres connect", PQerrorMessage(s->conn));
 		goto fail;
 	}
-	if (prepare(s, "claim", claim_sql, 2) == -1 ||
-	    prepare(s, "mark_success", mark_success_sql, 1) == -1 ||
-	    prepare(s, "mark_failed", mark_failed_sql, 4) == -1 ||
-	    prepare(s, "next_due", next_due_sql, 0) == -1)
-		goto fail;
 	return 0;
 fail:
 	store_disconnect(s);
 	return -1;
+}
+
+/*
+ * Prepares the relay's statements once per session, on first use: at
+ * connect time the schema may not exist yet (`outboxd migrate`).
+ */
+static int
+ensure_prepared(struct store *s)
+{
+	if (s->prepared)
+		return 0;
+	if (prepare(s, "claim_all", claim_all_sql, 2) == -1 ||
+	    prepare(s, "claim_new", claim_new_sql, 2) == -1 ||
+	    prepare(s, "mark_success", mark_success_sql, 1) == -1 ||
+	    prepare(s, "mark_failed", mark_failed_sql, 4) == -1 ||
+	    prepare(s, "next_due_all", next_due_all_sql, 0) == -1 ||
+	    prepare(s, "next_due_new", next_due_new_sql, 0) == -1)
+		return -1;
+	s->prepared = true;
+	return 0;
 }
 
 /* Runs a statement that returns no rows. */
@@ -538,10 +567,11 @@ store_claim(struct store *s, const struct store_claim_opts *opts,
 	batch->rows = NULL;
 	batch->n = 0;
 	snprintf(limit, sizeof(limit), "%d", opts->limit);
-	if (exec_command(s, "BEGIN") == -1)
+	if (ensure_prepared(s) == -1 || exec_command(s, "BEGIN") == -1)
 		return -1;
 	s->in_transaction = true;
-	res = PQexecPrepared(s->conn, "claim", 2, params, NULL, NULL, 1);
+	res = PQexecPrepared(s->conn, opts->include_retries ? "claim_all" :
+	    "claim_new", 2, params, NULL, NULL, 1);
 	if (PQresultStatus(res) != PGRES_TUPLES_OK) {
 		set_error(s, "claim", PQerrorMessage(s->conn));
 		PQclear(res);
@@ -720,10 +750,14 @@ store_abort(struct store *s, struct store_batch *batch)
 }
 
 int
-store_next_due_in(struct store *s, int64_t *ms)
+store_next_due_in(struct store *s, bool include_retries, int64_t *ms)
 {
-	PGresult *res = PQexecPrepared(s->conn, "next_due", 0, NULL, NULL,
-	    NULL, 0);
+	PGresult *res;
+
+	if (ensure_prepared(s) == -1)
+		return -1;
+	res = PQexecPrepared(s->conn, include_retries ? "next_due_all" :
+	    "next_due_new", 0, NULL, NULL, NULL, 0);
 
 	if (PQresultStatus(res) != PGRES_TUPLES_OK) {
 		set_error(s, "next_due", PQerrorMessage(s->conn));

@@ -74,6 +74,7 @@ struct store_mark {
 struct store_claim_opts {
 	int limit;
 	bool ordered_by_key;	/* skip rows with an older unsent same key */
+	bool include_retries;	/* FAIL rows too, not only PENDING ones */
 };
 
 struct store;
@@ -151,6 +152,7 @@ int store_try_leader_lock(struct store *, bool *held) WARN_UNUSED;
 void store_release_leader_lock(struct store *);
 
 /* Milliseconds until the earliest future due time (> 0), or -1 if none. */
-int store_next_due_in(struct store *, int64_t *ms) WARN_UNUSED;
+int store_next_due_in(struct store *, bool include_retries, int64_t *ms)
+    WARN_UNUSED;
 
 #endif

@@ -145,7 +145,7 @@ start_pg() {
 		EOF
 	fi
 	pg_ready && { note "postgres already running on $PG_PORT"; return; }
-	as_pg "$PG_BIN/pg_ctl" -D "$data" -o "-p $PG_PORT" \
+	as_pg setsid "$PG_BIN/pg_ctl" -D "$data" -o "-p $PG_PORT" \
 		-l "$DIR/pg/postgres.log" -w -t "$DEADLINE_S" start >/dev/null ||
 		{ tail -20 "$DIR/pg/postgres.log" >&2; die "postgres did not start"; }
 	wait_for "postgres" pg_ready
@@ -207,7 +207,9 @@ start_rabbitmq() {
 		note "rabbitmq already running on $AMQP_PORT"
 		return
 	fi
-	"$RABBIT_BIN/rabbitmq-server" >"$DIR/rabbitmq/console.log" 2>&1 &
+	# A session of its own: a test runner that kills its process group
+	# when a test ends (Check does) must not take the server with it.
+	setsid "$RABBIT_BIN/rabbitmq-server" >"$DIR/rabbitmq/console.log" 2>&1 &
 	local server_pid=$!
 	# await_startup fails at once until the node has registered with epmd,
 	# so poll it; give up early if the server process died.

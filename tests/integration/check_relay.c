@@ -230,6 +230,9 @@ restart_mid_stream(const char *service)
 	    "count(*) >= 500 THEN -2 ELSE count(*) END FROM "
 	    "t_transactional_message WHERE message_status = 1"), -2);
 	tl_servers("restart", service);
+	/* Our own session did not survive a PostgreSQL restart either. */
+	if (PQstatus(db) != CONNECTION_OK || strcmp(service, "pg") == 0)
+		PQreset(db);
 	ck_assert_int_eq(tl_wait_sql_int(db, N, 120000, COUNT_STATUS(1)), N);
 	tl_amqp_close(a);
 	/* The consumer connects after the restart: a RabbitMQ restart must

@@ -1,0 +1,224 @@
+/*
+ * Leader election and compensation.  Redis decides who leads; when it is
+ * unreachable (or not configured), a PostgreSQL advisory lock does, so
+ * compensation never stops silently.  Nothing here is needed for
+ * correctness: every query is safe to run twice, and row claims are
+ * guarded by FOR UPDATE SKIP LOCKED whoever leads.
+ */
+#include "leader.h"
+
+#include <inttypes.h>
+#include <stdlib.h>
+
+#include "log.h"
+
+/* Bounded work per tick keeps the relay's batches flowing meanwhile. */
+#define PURGE_CHUNK 1000
+#define PURGE_CHUNKS_PER_TICK 10
+
+struct leader {
+	struct lock *lock;	/* NULL when Redis is disabled */
+	struct store *store;
+	struct relay_conf conf;
+	bool is_leader;
+	enum leader_backend backend;
+	bool redis_was_up;
+	int64_t next_compensation_ms;
+	struct leader_gauges gauges;
+};
+
+struct leader *
+leader_new(const struct lock_conf *lock_conf, const struct relay_conf *conf,
+    struct store *store)
+{
+	struct leader *l = xcalloc(1, sizeof(*l));
+
+	l->store = store;
+	l->conf = *conf;
+	if (lock_conf->enabled)
+		l->lock = lock_new(lock_conf);
+	l->redis_was_up = true;
+	return l;
+}
+
+void
+leader_free(struct leader *l)
+{
+	if (l == NULL)
+		return;
+	lock_free(l->lock);
+	free(l);
+}
+
+void
+leader_set_conf(struct leader *l, const struct relay_conf *conf)
+{
+	l->conf = *conf;
+}
+
+const char *
+leader_backend_name(enum leader_backend b)
+{
+	switch (b) {
+	case LEADER_BACKEND_REDIS:
+		return "redis";
+	case LEADER_BACKEND_POSTGRES:
+		return "postgres";
+	case LEADER_BACKEND_NONE:
+		break;
+	}
+	return "none";
+}
+
+static void
+set_leader(struct leader *l, bool is_leader, enum leader_backend backend)
+{
+	if (is_leader != l->is_leader || (is_leader && backend != l->backend))
+		log_info(is_leader ? "leadership acquired" :
+		    "leadership released", "backend=%s",
+		    leader_backend_name(is_leader ? backend : l->backend));
+	if (is_leader && !l->is_leader)
+		l->next_compensation_ms = 0;	/* compensate at once */
+	l->is_leader = is_leader;
+	l->backend = is_leader ? backend : LEADER_BACKEND_NONE;
+}
+
+/* Leadership through PostgreSQL's advisory lock, on the store session. */
+static void
+seek_postgres_leadership(struct leader *l)
+{
+	bool held = false;
+
+	if (store_connected(l->store) &&
+	    store_try_leader_lock(l->store, &held) == -1) {
+		log_warn("advisory lock failed", "error=%s",
+		    log_quote((char[600]){ 0 }, 600, store_error(l->store)));
+		held = false;
+	}
+	set_leader(l, held, LEADER_BACKEND_POSTGRES);
+}
+
+static void
+update_leadership(struct leader *l)
+{
+	enum lock_state st;
+
+	if (l->lock == NULL) {
+		seek_postgres_leadership(l);
+		return;
+	}
+	st = lock_tick(l->lock);
+	if (st == LOCK_UNAVAILABLE) {
+		if (l->redis_was_up)
+			log_warn("redis unavailable: leader election falls "
+			    "back to a postgres advisory lock", "error=%s",
+			    log_quote((char[600]){ 0 }, 600,
+			    lock_error(l->lock)));
+		l->redis_was_up = false;
+		seek_postgres_leadership(l);
+		return;
+	}
+	if (!l->redis_was_up)
+		log_info("redis is back: leader election uses it again",
+		    NULL);
+	l->redis_was_up = true;
+	/* Redis answers again: the advisory lock goes, so that Redis alone
+	 * decides and the two cannot disagree for long. */
+	store_release_leader_lock(l->store);
+	set_leader(l, st == LOCK_HELD, LEADER_BACKEND_REDIS);
+}
+
+static void
+compensate(struct leader *l)
+{
+	int64_t n, purged = 0;
+
+	if (store_sweep_exhausted(l->store, &n) == -1)
+		goto fail;
+	if (n > 0)
+		log_warn("rows out of retries marked dead", "rows=%" PRId64, n);
+	if (l->conf.retention_ms > 0) {
+		for (int i = 0; i < PURGE_CHUNKS_PER_TICK; i++) {
+			if (store_purge_sent(l->store, l->conf.retention_ms,
+			    PURGE_CHUNK, &n) == -1)
+				goto fail;
+			purged += n;
+			if (n < PURGE_CHUNK)
+				break;
+		}
+		if (purged > 0)
+			log_info("sent rows purged", "rows=%" PRId64
+			    " older_than_ms=%" PRId64, purged,
+			    l->conf.retention_ms);
+	}
+	if (store_counts(l->store, false, &l->gauges.counts) == -1)
+		goto fail;
+	l->gauges.valid = true;
+	/* A purge that filled its chunks has more to do: come back soon. */
+	l->next_compensation_ms = now_mono_ms() + (purged >= PURGE_CHUNK *
+	    PURGE_CHUNKS_PER_TICK ? 100 : l->conf.poll_interval_ms);
+	return;
+fail:
+	log_warn("compensation failed", "error=%s",
+	    log_quote((char[600]){ 0 }, 600, store_error(l->store)));
+	l->gauges.valid = false;
+	l->next_compensation_ms = now_mono_ms() + l->conf.poll_interval_ms;
+}
+
+bool
+leader_tick(struct leader *l)
+{
+	update_leadership(l);
+	if (l->is_leader && store_connected(l->store) &&
+	    now_mono_ms() >= l->next_compensation_ms)
+		compensate(l);
+	return l->is_leader;
+}
+
+bool
+leader_is_leader(const struct leader *l)
+{
+	return l->is_leader;
+}
+
+enum leader_backend
+leader_backend(const struct leader *l)
+{
+	return l->backend;
+}
+
+bool
+leader_redis_up(const struct leader *l)
+{
+	return l->lock != NULL && l->redis_was_up;
+}
+
+int64_t
+leader_next_tick_ms(const struct leader *l)
+{
+	int64_t next = 1000;
+
+	if (l->lock != NULL && lock_next_tick_ms(l->lock) < next)
+		next = lock_next_tick_ms(l->lock);
+	if (l->is_leader) {
+		int64_t comp = l->next_compensation_ms - now_mono_ms();
+		if (comp < next)
+			next = comp;
+	}
+	return next < 0 ? 0 : next;
+}
+
+const struct leader_gauges *
+leader_gauges(const struct leader *l)
+{
+	return &l->gauges;
+}
+
+void
+leader_release(struct leader *l)
+{
+	if (l->lock != NULL)
+		lock_release(l->lock);
+	store_release_leader_lock(l->store);
+	set_leader(l, false, LEADER_BACKEND_NONE);
+}

@@ -1,0 +1,51 @@
+/*
+ * Leader: decides whether this instance runs compensation — via the
+ * Redis lock, or a PostgreSQL advisory lock while Redis is unreachable
+ * or not configured — and runs it: sweep exhausted rows to DEAD, purge
+ * old SUCCESS rows, refresh the row gauges.
+ */
+#ifndef OUTBOXD_LEADER_H
+#define OUTBOXD_LEADER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "lock.h"
+#include "relay.h"
+#include "store.h"
+
+enum leader_backend {
+	LEADER_BACKEND_NONE,	/* not leader, or no way to know */
+	LEADER_BACKEND_REDIS,
+	LEADER_BACKEND_POSTGRES, /* degraded: Redis down or disabled */
+};
+
+struct leader_gauges {
+	struct store_counts counts;
+	bool valid;		/* counts were read at the last compensation */
+};
+
+struct leader;
+
+/* Uses, but does not own, the store (its connection carries the
+ * advisory lock and the compensation queries). */
+struct leader *leader_new(const struct lock_conf *, const struct relay_conf *,
+    struct store *);
+void leader_free(struct leader *);
+void leader_set_conf(struct leader *, const struct relay_conf *);
+
+/* Renews or seeks leadership and, when leader and due, compensates.
+ * Returns whether this instance is the leader now. */
+bool leader_tick(struct leader *);
+bool leader_is_leader(const struct leader *);
+enum leader_backend leader_backend(const struct leader *);
+const char *leader_backend_name(enum leader_backend);
+bool leader_redis_up(const struct leader *);
+/* Milliseconds until leader_tick has work (a renewal, a retry). */
+int64_t leader_next_tick_ms(const struct leader *);
+const struct leader_gauges *leader_gauges(const struct leader *);
+/* Gives leadership up (shutdown): compare-and-delete in Redis, unlock
+ * in PostgreSQL. */
+void leader_release(struct leader *);
+
+#endif

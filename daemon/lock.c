@@ -1,0 +1,594 @@
+/*
+ * The Redis leader lock: SET NX PX with a random token, renewed by a
+ * compare-and-PEXPIRE script and released by compare-and-DEL, so an
+ * instance only ever extends or deletes its own key.
+ */
+#include "lock.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/time.h>
+
+#include <hiredis/hiredis.h>
+
+#include "log.h"
+
+#define TOKEN_BYTES 16
+#define UNIX_PREFIX "unix:"
+#define DEFAULT_KEY "outboxd:leader"
+
+/* Reply types lock_command accepts, as a mask of REDIS_REPLY_*. */
+#define R(type) (1u << (type))
+
+/*
+ * KEYS[1] = key, ARGV[1] = our token, ARGV[2] = ttl in ms.  Returns 1
+ * when renewed, 0 when the key is gone and -1 when it holds another
+ * token, so the log can say which.
+ */
+static const char renew_script[] =
+    "local v = redis.call('GET', KEYS[1]) "
+    "if v == ARGV[1] then "
+    "return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end "
+    "if v then return -1 end "
+    "return 0";
+
+/* KEYS[1] = key, ARGV[1] = our token.  Returns how many keys went. */
+static const char release_script[] =
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then "
+    "return redis.call('DEL', KEYS[1]) end "
+    "return 0";
+
+struct lock {
+	bool enabled;
+	char *host;
+	const char *socket_path;	/* inside host, or NULL for TCP */
+	int port;
+	char *addr;			/* host:port or unix:path, for logs */
+	char *username;
+	char *password;
+	int database;
+	char *key;
+	int64_t ttl_ms;
+	int64_t connect_timeout_ms;
+
+	redisContext *ctx;		/* NULL when not connected */
+	bool held;
+	enum lock_state state;		/* what lock_tick returned last */
+	char token[2 * TOKEN_BYTES + 1];
+	int64_t renewed_at;		/* held: when the last good SET or
+					 * renewal was sent */
+	int64_t valid_until;		/* held: leader until then */
+	int64_t next_at;		/* lock_tick's next piece of work */
+	struct backoff_cursor reconnect;
+	bool down_logged;		/* this outage was logged already */
+	uint64_t lost_count;
+	char error[256];
+};
+
+static void lock_set_error(struct lock *, const char *, ...)
+    __attribute__((format(printf, 2, 3)));
+static redisReply *lock_command(struct lock *, int64_t, unsigned,
+    const char *, const char *, ...) __attribute__((format(printf, 5, 6)));
+
+/* Our view of the lock ends a safety margin before Redis's does: it
+ * covers clock drift and the time a leader needs to notice. */
+static int64_t
+lock_validity(const struct lock *l)
+{
+	return l->ttl_ms - l->ttl_ms / 3;
+}
+
+static int64_t
+lock_renew_every(const struct lock *l)
+{
+	return l->ttl_ms / 3;
+}
+
+static struct timeval
+ms_to_timeval(int64_t ms)
+{
+	struct timeval tv;
+
+	tv.tv_sec = (time_t)(ms / 1000);
+	tv.tv_usec = (suseconds_t)(ms % 1000 * 1000);
+	return tv;
+}
+
+/* Masks every copy of the secret: Redis never echoes AUTH arguments,
+ * but a proxy in front of it might. */
+static void
+redact(char *s, const char *secret)
+{
+	size_t n;
+	char *p;
+
+	if (secret == NULL || *secret == '\0')
+		return;
+	n = strlen(secret);
+	while ((p = strstr(s, secret)) != NULL)
+		memset(p, '*', n);
+}
+
+static void
+lock_set_error(struct lock *l, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(l->error, sizeof(l->error), fmt, ap);
+	va_end(ap);
+	redact(l->error, l->password);
+}
+
+/* hiredis rule: a context that saw an error is never used again. */
+static void
+lock_drop(struct lock *l)
+{
+	if (l->ctx != NULL) {
+		redisFree(l->ctx);
+		l->ctx = NULL;
+	}
+}
+
+/*
+ * Runs one command within what is left of the tick's budget (deadline,
+ * monotonic ms).  Returns a reply of one of the types in `accept`, which
+ * the caller frees; or NULL with the error set and the connection
+ * dropped, for I/O errors, timeouts, error replies and surprises alike.
+ */
+static redisReply *
+lock_command(struct lock *l, int64_t deadline, unsigned accept,
+    const char *what, const char *fmt, ...)
+{
+	redisReply *reply;
+	int64_t left = deadline - now_mono_ms();
+	va_list ap;
+	int saved_errno;
+
+	if (left <= 0) {
+		lock_set_error(l, "%s %s: timed out", what, l->addr);
+		goto fail;
+	}
+	/* SO_RCVTIMEO and SO_SNDTIMEO: a hung Redis costs at most the rest
+	 * of the budget, not forever. */
+	if (redisSetTimeout(l->ctx, ms_to_timeval(left)) != REDIS_OK) {
+		lock_set_error(l, "%s %s: %s", what, l->addr, l->ctx->errstr);
+		goto fail;
+	}
+	va_start(ap, fmt);
+	reply = redisvCommand(l->ctx, fmt, ap);
+	saved_errno = errno;
+	va_end(ap);
+	if (reply == NULL) {
+		/* A socket timeout reads as EAGAIN; say what it means. */
+		if (l->ctx->err == REDIS_ERR_IO && (saved_errno == EAGAIN ||
+		    saved_errno == EWOULDBLOCK))
+			lock_set_error(l, "%s %s: timed out after %" PRId64
+			    " ms", what, l->addr, left);
+		else
+			lock_set_error(l, "%s %s: %s", what, l->addr,
+			    l->ctx->errstr);
+		goto fail;
+	}
+	if (reply->type == REDIS_REPLY_ERROR) {
+		lock_set_error(l, "%s %s: %s", what, l->addr, reply->str);
+		freeReplyObject(reply);
+		goto fail;
+	}
+	if ((R(reply->type) & accept) == 0) {
+		lock_set_error(l, "%s %s: unexpected reply type %d", what,
+		    l->addr, reply->type);
+		freeReplyObject(reply);
+		goto fail;
+	}
+	return reply;
+fail:
+	lock_drop(l);
+	return NULL;
+}
+
+/* Connects, authenticates and selects the database. */
+static int WARN_UNUSED
+lock_connect(struct lock *l, int64_t deadline)
+{
+	struct timeval tv = ms_to_timeval(l->connect_timeout_ms);
+	redisReply *reply;
+	char qaddr[256];
+
+	if (l->socket_path != NULL)
+		l->ctx = redisConnectUnixWithTimeout(l->socket_path, tv);
+	else
+		l->ctx = redisConnectWithTimeout(l->host, l->port, tv);
+	if (l->ctx == NULL) {
+		lock_set_error(l, "connect %s: out of memory", l->addr);
+		goto fail;
+	}
+	if (l->ctx->err != 0) {
+		lock_set_error(l, "connect %s: %s", l->addr, l->ctx->errstr);
+		goto fail;
+	}
+	/* A user without a password is an ACL "nopass" user, which still
+	 * has to AUTH to stop being the default user. */
+	if (l->username != NULL) {
+		reply = lock_command(l, deadline, R(REDIS_REPLY_STATUS), "AUTH",
+		    "AUTH %s %s", l->username,
+		    l->password != NULL ? l->password : "");
+		if (reply == NULL)
+			goto fail;
+		freeReplyObject(reply);
+	} else if (l->password != NULL) {
+		reply = lock_command(l, deadline, R(REDIS_REPLY_STATUS), "AUTH",
+		    "AUTH %s", l->password);
+		if (reply == NULL)
+			goto fail;
+		freeReplyObject(reply);
+	}
+	if (l->database != 0) {
+		reply = lock_command(l, deadline, R(REDIS_REPLY_STATUS),
+		    "SELECT", "SELECT %d", l->database);
+		if (reply == NULL)
+			goto fail;
+		freeReplyObject(reply);
+	}
+	log_info("redis connected", "addr=%s",
+	    log_quote(qaddr, sizeof(qaddr), l->addr));
+	return 0;
+fail:
+	lock_drop(l);
+	return -1;
+}
+
+/* 128 random bits in hex: unique per holder and per acquisition, so a
+ * stale holder can never pass for the current one. */
+static void
+lock_new_token(struct lock *l)
+{
+	static const char hex[] = "0123456789abcdef";
+	unsigned char raw[TOKEN_BYTES];
+	size_t got = 0;
+	ssize_t n;
+
+	/* GRND_NONBLOCK: at early boot, a token from the fallback beats a
+	 * daemon that hangs waiting for entropy. */
+	while (got < sizeof(raw)) {
+		n = getrandom(raw + got, sizeof(raw) - got, GRND_NONBLOCK);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			break;
+		got += (size_t)n;
+	}
+	if (got < sizeof(raw)) {
+		struct backoff_rng rng;
+		uint64_t x;
+
+		backoff_rng_seed_random(&rng);
+		for (size_t i = 0; i < sizeof(raw); i += sizeof(x)) {
+			x = backoff_rng_next(&rng);
+			memcpy(raw + i, &x, sizeof(x));
+		}
+	}
+	for (size_t i = 0; i < sizeof(raw); i++) {
+		l->token[2 * i] = hex[raw[i] >> 4];
+		l->token[2 * i + 1] = hex[raw[i] & 0x0f];
+	}
+	l->token[2 * TOKEN_BYTES] = '\0';
+}
+
+/* Redis answered: the outage, if any, is over. */
+static void
+lock_reachable(struct lock *l)
+{
+	l->error[0] = '\0';
+	l->down_logged = false;
+	backoff_cursor_reset(&l->reconnect);
+}
+
+/* A SET or renewal sent at `sent` succeeded. */
+static void
+lock_granted(struct lock *l, int64_t sent)
+{
+	l->held = true;
+	l->renewed_at = sent;
+	l->valid_until = sent + lock_validity(l);
+	l->next_at = sent + lock_renew_every(l);
+	l->state = LOCK_HELD;
+	lock_reachable(l);
+}
+
+static void
+lock_lost(struct lock *l, const char *reason)
+{
+	char qkey[256], qreason[320];
+
+	l->held = false;
+	l->lost_count++;
+	log_warn("leader lock lost", "key=%s reason=%s since_renewal_ms=%"
+	    PRId64 " token=%s", log_quote(qkey, sizeof(qkey), l->key),
+	    log_quote(qreason, sizeof(qreason), reason),
+	    now_mono_ms() - l->renewed_at, l->token);
+	l->token[0] = '\0';
+}
+
+/* The connection failed (and is dropped): schedule the next try. */
+static void
+lock_unreachable(struct lock *l)
+{
+	char qaddr[256], qerr[320];
+	int64_t delay;
+
+	lock_drop(l);
+	/* While held, retry often enough to renew before the validity
+	 * runs out; otherwise pace reconnects with backoff. */
+	if (l->held)
+		delay = l->ttl_ms / 6 > 0 ? l->ttl_ms / 6 : 1;
+	else
+		delay = backoff_cursor_next(&l->reconnect);
+	l->next_at = now_mono_ms() + delay;
+	l->state = l->held ? LOCK_HELD : LOCK_UNAVAILABLE;
+	log_event(l->down_logged ? LOG_DEBUG : LOG_WARN, "redis unavailable",
+	    "addr=%s error=%s held=%s retry_ms=%" PRId64,
+	    log_quote(qaddr, sizeof(qaddr), l->addr),
+	    log_quote(qerr, sizeof(qerr), l->error),
+	    l->held ? "true" : "false", delay);
+	l->down_logged = true;
+}
+
+static void
+lock_acquire(struct lock *l, int64_t deadline)
+{
+	redisReply *reply;
+	int64_t sent;
+	char qkey[256];
+
+	lock_new_token(l);
+	sent = now_mono_ms();
+	/* A SET that timed out may still have landed: then our own key
+	 * blocks us until it expires, which is safe, just slower. */
+	reply = lock_command(l, deadline,
+	    R(REDIS_REPLY_STATUS) | R(REDIS_REPLY_NIL), "SET",
+	    "SET %s %s NX PX %lld", l->key, l->token, (long long)l->ttl_ms);
+	if (reply == NULL) {
+		l->token[0] = '\0';
+		lock_unreachable(l);
+		return;
+	}
+	if (reply->type == REDIS_REPLY_STATUS) {
+		lock_granted(l, sent);
+		log_info("leader lock acquired", "key=%s token=%s ttl_ms=%"
+		    PRId64, log_quote(qkey, sizeof(qkey), l->key), l->token,
+		    l->ttl_ms);
+	} else {
+		/* Someone else holds it; look again in a third of a ttl. */
+		l->token[0] = '\0';
+		l->state = LOCK_NOT_HELD;
+		l->next_at = now_mono_ms() + lock_renew_every(l);
+		lock_reachable(l);
+	}
+	freeReplyObject(reply);
+}
+
+static void
+lock_renew(struct lock *l, int64_t deadline)
+{
+	redisReply *reply;
+	int64_t sent = now_mono_ms();
+
+	reply = lock_command(l, deadline, R(REDIS_REPLY_INTEGER), "renew",
+	    "EVAL %s 1 %s %s %lld", renew_script, l->key, l->token,
+	    (long long)l->ttl_ms);
+	if (reply == NULL) {
+		/* Past the validity we cannot know whether the key outlived
+		 * us: another instance may be leader already. */
+		if (now_mono_ms() >= l->valid_until)
+			lock_lost(l, l->error);
+		lock_unreachable(l);
+		return;
+	}
+	if (reply->integer == 1) {
+		lock_granted(l, sent);
+	} else {
+		lock_lost(l, reply->integer == 0 ? "key gone" :
+		    "key holds another token");
+		/* Report the loss now; compete again on the next tick. */
+		l->state = LOCK_NOT_HELD;
+		l->next_at = now_mono_ms();
+		lock_reachable(l);
+	}
+	freeReplyObject(reply);
+}
+
+/*
+ * The validity ran out without a renewal (a stall, or Redis too slow or
+ * away).  If Redis is there, delete our key should it still be ours, so
+ * that the next leader need not wait for it to expire.
+ */
+static void
+lock_expired(struct lock *l, int64_t now)
+{
+	redisReply *reply = NULL;
+
+	if (l->ctx != NULL)
+		reply = lock_command(l, now + l->connect_timeout_ms,
+		    R(REDIS_REPLY_INTEGER), "release", "EVAL %s 1 %s %s",
+		    release_script, l->key, l->token);
+	lock_lost(l, "not renewed in time");
+	if (reply == NULL) {
+		/* Not connected, or the command just failed: l->error says
+		 * why, and reconnects follow the backoff now. */
+		lock_unreachable(l);
+		return;
+	}
+	freeReplyObject(reply);
+	l->state = LOCK_NOT_HELD;
+	l->next_at = now;
+}
+
+struct lock *
+lock_new(const struct lock_conf *conf)
+{
+	struct lock *l = xcalloc(1, sizeof(*l));
+	struct backoff_params p;
+	char buf[300];
+
+	l->enabled = conf->enabled;
+	l->host = xstrdup(conf->host != NULL ? conf->host : "127.0.0.1");
+	l->port = conf->port > 0 ? conf->port : 6379;
+	if (strncmp(l->host, UNIX_PREFIX, strlen(UNIX_PREFIX)) == 0) {
+		l->socket_path = l->host + strlen(UNIX_PREFIX);
+		l->addr = xstrdup(l->host);
+	} else {
+		/* Brackets keep an IPv6 address readable next to its port. */
+		l->addr = xstrdup(strfmt(buf, sizeof(buf),
+		    strchr(l->host, ':') != NULL ? "[%s]:%d" : "%s:%d",
+		    l->host, l->port));
+	}
+	l->username = conf->username != NULL ? xstrdup(conf->username) :
+	    NULL;
+	l->password = conf->password != NULL ? xstrdup(conf->password) :
+	    NULL;
+	l->database = conf->database;
+	l->key = xstrdup(conf->key != NULL ? conf->key : DEFAULT_KEY);
+	/* Config enforces sane bounds; these only keep ttl/3 and the
+	 * tick's budget above zero. */
+	l->ttl_ms = conf->ttl_ms >= 3 ? conf->ttl_ms : 3;
+	l->connect_timeout_ms = conf->connect_timeout_ms >= 1 ?
+	    conf->connect_timeout_ms : 1;
+	l->state = l->enabled ? LOCK_NOT_HELD : LOCK_HELD;
+	l->next_at = 0;
+	backoff_params_default(&p);
+	p.init_ms = 1000;
+	p.factor = 2.0;
+	p.max_ms = 10000;
+	/* Instances that lost Redis together should not return in step. */
+	p.jitter = JITTER_PROPORTIONAL;
+	p.jitter_factor = 0.2;
+	backoff_cursor_init(&l->reconnect, &p);
+	return l;
+}
+
+void
+lock_free(struct lock *l)
+{
+	if (l == NULL)
+		return;
+	lock_drop(l);
+	free(l->host);
+	free(l->addr);
+	free(l->username);
+	secret_free(l->password);
+	free(l->key);
+	free(l);
+}
+
+void
+lock_set_reconnect(struct lock *l, const struct backoff_params *p)
+{
+	backoff_cursor_init(&l->reconnect, p);
+}
+
+enum lock_state
+lock_tick(struct lock *l)
+{
+	int64_t now, deadline;
+
+	if (!l->enabled)
+		return LOCK_HELD;
+	now = now_mono_ms();
+	if (l->held && now >= l->valid_until) {
+		lock_expired(l, now);
+		return l->state;
+	}
+	if (now < l->next_at)
+		return l->state;
+	/* One budget for connect, AUTH, SELECT and the command. */
+	deadline = now + l->connect_timeout_ms;
+	if (l->ctx == NULL && lock_connect(l, deadline) != 0) {
+		lock_unreachable(l);
+		return l->state;
+	}
+	if (l->held)
+		lock_renew(l, deadline);
+	else
+		lock_acquire(l, deadline);
+	return l->state;
+}
+
+int64_t
+lock_next_tick_ms(const struct lock *l)
+{
+	int64_t at, now;
+
+	if (!l->enabled)
+		return INT64_MAX;
+	at = l->next_at;
+	if (l->held && l->valid_until < at)
+		at = l->valid_until;
+	now = now_mono_ms();
+	return at > now ? at - now : 0;
+}
+
+bool
+lock_held(const struct lock *l)
+{
+	if (!l->enabled)
+		return true;
+	return l->held && now_mono_ms() < l->valid_until;
+}
+
+void
+lock_release(struct lock *l)
+{
+	redisReply *reply = NULL;
+	int64_t deadline;
+	char qkey[256], qerr[320];
+
+	if (l == NULL || !l->enabled || !l->held)
+		return;
+	deadline = now_mono_ms() + l->connect_timeout_ms;
+	if (l->ctx != NULL || lock_connect(l, deadline) == 0)
+		reply = lock_command(l, deadline, R(REDIS_REPLY_INTEGER),
+		    "release", "EVAL %s 1 %s %s", release_script, l->key,
+		    l->token);
+	if (reply == NULL) {
+		log_warn("leader lock not released", "key=%s error=%s "
+		    "expires_in_ms=%" PRId64,
+		    log_quote(qkey, sizeof(qkey), l->key),
+		    log_quote(qerr, sizeof(qerr), l->error), l->ttl_ms);
+	} else if (reply->integer == 1) {
+		log_info("leader lock released", "key=%s token=%s",
+		    log_quote(qkey, sizeof(qkey), l->key), l->token);
+	} else {
+		/* Compare-and-delete left the other holder's key alone. */
+		lock_lost(l, "not ours at release");
+	}
+	if (reply != NULL)
+		freeReplyObject(reply);
+	l->held = false;
+	l->token[0] = '\0';
+	l->state = l->ctx != NULL ? LOCK_NOT_HELD : LOCK_UNAVAILABLE;
+	l->next_at = now_mono_ms();
+}
+
+const char *
+lock_error(const struct lock *l)
+{
+	return l->error;
+}
+
+const char *
+lock_token(const struct lock *l)
+{
+	return l->held ? l->token : "";
+}
+
+uint64_t
+lock_lost_count(const struct lock *l)
+{
+	return l->lost_count;
+}

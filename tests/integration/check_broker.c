@@ -1,0 +1,838 @@
+/*
+ * Integration tests for daemon/broker.c against the private RabbitMQ of
+ * tests/servers.sh: confirms, returns, rejections, limits, and losing
+ * and regaining the broker.
+ */
+#include <check.h>
+#include <inttypes.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "broker.h"
+#include "util.h"
+
+#define MiB (1024 * 1024)
+#define SENTINEL_ID INT64_C(900000000000)
+#define WAIT_MS 30000
+#define MAX_MSGS 5100
+
+static int amqp_port;
+static const char *servers_dir;
+static unsigned name_seq;
+
+/* Shared per test: a message array, its results and bodies. */
+static struct broker_msg msgs[MAX_MSGS];
+static struct broker_result results[MAX_MSGS];
+
+static void
+conf_init(struct broker_conf *c)
+{
+	memset(c, 0, sizeof(*c));
+	c->nodes[0].host = "127.0.0.1";
+	c->nodes[0].port = amqp_port;
+	c->n_nodes = 1;
+	c->vhost = "/";
+	c->user = "guest";
+	c->password = "guest";
+	c->heartbeat_s = 30;
+	c->connect_timeout_ms = 5000;
+	c->confirm_timeout_ms = WAIT_MS;
+	c->max_payload = MiB;
+	c->frame_max = 131072;
+}
+
+static struct broker *
+connected(const struct broker_conf *c)
+{
+	struct broker *b = broker_new(c);
+
+	ck_assert_msg(broker_connect(b) == 0, "connect: %s", broker_error(b));
+	ck_assert(broker_connected(b));
+	return b;
+}
+
+static struct broker *
+connect_default(void)
+{
+	struct broker_conf c;
+
+	conf_init(&c);
+	return connected(&c);
+}
+
+/* A queue or exchange name no other test or run uses. */
+static char *
+uniq(char *buf, size_t size, const char *what)
+{
+	return strfmt(buf, size, "ck-broker-%d-%s-%u", (int)getpid(), what,
+	    name_seq++);
+}
+
+static void
+msg_set(struct broker_msg *m, int64_t id, const char *exchange,
+    const char *type, const char *routing_key, const char *body)
+{
+	memset(m, 0, sizeof(*m));
+	m->id = id;
+	m->exchange = exchange;
+	m->exchange_type = type;
+	m->routing_key = routing_key;
+	m->body = body;
+	m->body_len = strlen(body);
+	m->attempt = 1;
+}
+
+static void
+publish_ok(struct broker *b, size_t n)
+{
+	ck_assert_msg(broker_publish_batch(b, msgs, n, results) == 0,
+	    "publish: %s", broker_error(b));
+}
+
+static void
+assert_acked(size_t i)
+{
+	ck_assert_msg(results[i].outcome == BROKER_ACKED,
+	    "message %zu: outcome %d, reason '%s'", i, results[i].outcome,
+	    results[i].reason);
+}
+
+static void
+assert_outcome(size_t i, enum broker_outcome want, const char *needle)
+{
+	ck_assert_msg(results[i].outcome == want, "message %zu: outcome %d, "
+	    "want %d, reason '%s'", i, results[i].outcome, want,
+	    results[i].reason);
+	ck_assert_msg(strstr(results[i].reason, needle) != NULL,
+	    "message %zu: reason '%s' lacks '%s'", i, results[i].reason,
+	    needle);
+}
+
+/* Polls the queue's count until it equals want or the deadline passes;
+ * returns the last count seen. */
+static uint32_t
+wait_count(struct broker *b, const char *queue, uint32_t want)
+{
+	int64_t deadline = now_mono_ms() + WAIT_MS;
+	uint32_t count = 0;
+
+	do {
+		ck_assert_msg(broker_queue_count(b, queue, &count) == 0,
+		    "count: %s", broker_error(b));
+		if (count == want)
+			break;
+		sleep_ms(20, NULL);
+	} while (now_mono_ms() < deadline);
+	return count;
+}
+
+/* Starts a consumer of queue on a connection of its own. */
+static struct broker *
+consumer(const char *queue)
+{
+	struct broker *c = connect_default();
+
+	ck_assert_msg(broker_consume(c, queue) == 0, "consume: %s",
+	    broker_error(c));
+	return c;
+}
+
+static struct broker_delivery *
+next_delivery(struct broker *c)
+{
+	struct broker_delivery *d;
+
+	ck_assert_msg(broker_get(c, WAIT_MS, &d) == 0, "get: %s",
+	    broker_error(c));
+	ck_assert_msg(d != NULL, "no delivery within %d ms", WAIT_MS);
+	return d;
+}
+
+static int
+cmp_id(const void *a, const void *b)
+{
+	int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+
+	return (x > y) - (x < y);
+}
+
+/*
+ * Asserts that queue holds the messages with ids want[0..n) and no
+ * other: a sentinel published after them marks the end, so nothing has
+ * to be waited for to show that a message is absent.  Copies are
+ * allowed only with dups: after a channel close, messages the broker
+ * took but never confirmed are sent again (at-least-once), at most once
+ * per close.
+ */
+static void
+expect_queue_ids(struct broker *b, const char *queue, int64_t *want,
+    size_t n, bool dups)
+{
+	struct broker *c = consumer(queue);
+	int64_t got[64];
+	size_t n_got = 0, distinct = 0;
+
+	ck_assert(n <= ARRAY_LEN(got));
+	msg_set(&msgs[0], SENTINEL_ID, "", NULL, queue, "sentinel");
+	publish_ok(b, 1);
+	assert_acked(0);
+	for (;;) {
+		struct broker_delivery *d = next_delivery(c);
+		int64_t id;
+
+		ck_assert(d->message_id != NULL);
+		id = strtoll(d->message_id, NULL, 10);
+		broker_delivery_free(d);
+		if (id == SENTINEL_ID)
+			break;
+		ck_assert_msg(n_got < ARRAY_LEN(got), "too many messages");
+		got[n_got++] = id;
+	}
+	broker_free(c);
+	qsort(got, n_got, sizeof(got[0]), cmp_id);
+	qsort(want, n, sizeof(want[0]), cmp_id);
+	for (size_t i = 0; i < n_got; i++) {
+		if (i > 0 && got[i] == got[i - 1]) {
+			ck_assert_msg(dups, "id %" PRId64 " twice", got[i]);
+			continue;
+		}
+		ck_assert_msg(distinct < n && got[i] == want[distinct],
+		    "unexpected id %" PRId64, got[i]);
+		distinct++;
+	}
+	ck_assert_uint_eq(distinct, n);
+	ck_assert_uint_le(n_got, 2 * n);
+}
+
+/*
+ * tests/servers.sh CMD on our directory; asserts it worked.  setsid: Check
+ * kills a test's whole process group when the test ends, and a broker
+ * started here must outlive it.
+ */
+static void
+servers(const char *cmd)
+{
+	const char *src = getenv("OUTBOXD_SRCDIR");
+	char line[1024];
+
+	strfmt(line, sizeof(line), "setsid -w %s/tests/servers.sh %s %s "
+	    "rabbitmq >/dev/null 2>&1", src ? src : ".", cmd, servers_dir);
+	ck_assert_msg(system(line) == 0, "failed: %s", line);
+}
+
+static pid_t
+rabbit_pid(void)
+{
+	char path[512];
+	long pid = 0;
+	FILE *f;
+
+	strfmt(path, sizeof(path), "%s/rabbitmq/rabbitmq.pid", servers_dir);
+	f = fopen(path, "r");
+	ck_assert_msg(f != NULL, "no pid file %s", path);
+	ck_assert(fscanf(f, "%ld", &pid) == 1);
+	fclose(f);
+	return (pid_t)pid;
+}
+
+/* Reconnects until it works or the deadline passes. */
+static void
+reconnect(struct broker *b)
+{
+	int64_t deadline = now_mono_ms() + WAIT_MS;
+
+	while (broker_connect(b) == -1) {
+		ck_assert_msg(now_mono_ms() < deadline, "no reconnect: %s",
+		    broker_error(b));
+		sleep_ms(100, NULL);
+	}
+}
+
+/* A loopback port with nobody listening. */
+static int
+closed_port(void)
+{
+	struct sockaddr_in sa;
+	socklen_t len = sizeof(sa);
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+
+	memset(&sa, 0, sizeof(sa));
+	sa.sin_family = AF_INET;
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	ck_assert(bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0);
+	ck_assert(getsockname(fd, (struct sockaddr *)&sa, &len) == 0);
+	close(fd);
+	return ntohs(sa.sin_port);
+}
+
+/* ---- publishing -------------------------------------------------------- */
+
+START_TEST(test_default_exchange_properties)
+{
+	static const char *const keys[] = { "tenant", "attempt", "trace" };
+	const char *values[10][3];
+	struct broker *b = connect_default(), *c;
+	char q[128], bodies[10][32], keybuf[10][32];
+	int64_t seen = 0;
+
+	uniq(q, sizeof(q), "props");
+	ck_assert_msg(broker_declare_queue(b, q, "", "") == 0, "%s",
+	    broker_error(b));
+	for (int i = 0; i < 10; i++) {
+		struct broker_msg *m = &msgs[i];
+
+		strfmt(bodies[i], sizeof(bodies[i]), "body %d \xff\x01", i);
+		msg_set(m, 1000 + i, "", NULL, q, i == 5 ? "" : bodies[i]);
+		m->content_type = i % 2 ? "application/json" : NULL;
+		m->timestamp_s = 1700000000 + i;
+		m->business_module = i == 3 ? NULL : "orders";
+		m->business_key = strfmt(keybuf[i], sizeof(keybuf[i]),
+		    "order-%d", i);
+		m->attempt = i + 1;
+		/* "attempt" among the row's headers must not win. */
+		values[i][0] = "acme";
+		values[i][1] = "999";
+		values[i][2] = keybuf[i];
+		m->header_keys = keys;
+		m->header_values = values[i];
+		m->n_headers = 3;
+	}
+	publish_ok(b, 10);
+	for (int i = 0; i < 10; i++)
+		assert_acked((size_t)i);
+
+	c = consumer(q);
+	for (int n = 0; n < 10; n++) {
+		struct broker_delivery *d = next_delivery(c);
+		const struct broker_header *h;
+		int i;
+
+		ck_assert_ptr_nonnull(d->message_id);
+		i = atoi(d->message_id) - 1000;
+		ck_assert_msg(i >= 0 && i < 10, "id %s", d->message_id);
+		seen |= INT64_C(1) << i;
+		ck_assert_uint_eq(d->body_len, msgs[i].body_len);
+		ck_assert(memcmp(d->body, msgs[i].body, d->body_len) == 0);
+		ck_assert_str_eq(d->exchange, "");
+		ck_assert_str_eq(d->routing_key, q);
+		ck_assert_int_eq(d->delivery_mode, 2);
+		ck_assert_str_eq(d->content_type, i % 2 ? "application/json" :
+		    "application/octet-stream");
+		ck_assert_int_eq(d->timestamp_s, 1700000000 + i);
+		h = broker_delivery_header(d, "business_module");
+		if (i == 3) {
+			ck_assert_ptr_null(h);
+		} else {
+			ck_assert_ptr_nonnull(h);
+			ck_assert_str_eq(h->value, "orders");
+		}
+		h = broker_delivery_header(d, "business_key");
+		ck_assert_ptr_nonnull(h);
+		ck_assert_str_eq(h->value, keybuf[i]);
+		h = broker_delivery_header(d, "attempt");
+		ck_assert_ptr_nonnull(h);
+		ck_assert(h->integer);
+		ck_assert_int_eq(atoi(h->value), i + 1);
+		h = broker_delivery_header(d, "tenant");
+		ck_assert_ptr_nonnull(h);
+		ck_assert(!h->integer);
+		ck_assert_str_eq(h->value, "acme");
+		h = broker_delivery_header(d, "trace");
+		ck_assert_ptr_nonnull(h);
+		ck_assert_str_eq(h->value, keybuf[i]);
+		broker_delivery_free(d);
+	}
+	ck_assert_int_eq(seen, (INT64_C(1) << 10) - 1);
+	broker_free(c);
+	ck_assert(broker_delete_queue(b, q) == 0);
+	broker_free(b);
+}
+END_TEST
+
+START_TEST(test_batch_of_5000)
+{
+	struct broker *b = connect_default();
+	static char body[1024];
+	char q[128];
+	int64_t t0, ms;
+
+	uniq(q, sizeof(q), "bulk");
+	ck_assert(broker_declare_queue(b, q, "", "") == 0);
+	memset(body, 'x', sizeof(body) - 1);
+	for (int i = 0; i < MAX_MSGS; i++)
+		msg_set(&msgs[i], i + 1, "", NULL, q, body);
+	t0 = now_mono_ms();
+	publish_ok(b, 5000);
+	ms = now_mono_ms() - t0;
+	for (size_t i = 0; i < 5000; i++)
+		assert_acked(i);
+	fprintf(stderr, "check_broker: 5000 x 1 KiB persistent messages "
+	    "confirmed in %" PRId64 " ms\n", ms);
+	/* The same connection goes on: tags continue past 5000. */
+	ck_assert(broker_publish_batch(b, msgs + 5000, 100, results) == 0);
+	for (size_t i = 0; i < 100; i++)
+		assert_acked(i);
+	ck_assert_uint_eq(wait_count(b, q, 5100), 5100);
+	ck_assert(broker_delete_queue(b, q) == 0);
+	broker_free(b);
+}
+END_TEST
+
+START_TEST(test_unroutable_is_returned)
+{
+	struct broker *b = connect_default();
+	char q[128];
+	int64_t want[3] = { 1, 3, 5 };
+
+	uniq(q, sizeof(q), "ret");
+	ck_assert(broker_declare_queue(b, q, "", "") == 0);
+	msg_set(&msgs[0], 1, "", NULL, q, "a");
+	msg_set(&msgs[1], 2, "", NULL, "nowhere-x", "lost one");
+	msg_set(&msgs[2], 3, "", NULL, q, "b");
+	msg_set(&msgs[3], 4, "", NULL, "nowhere-y", "lost two");
+	msg_set(&msgs[4], 5, "", NULL, q, "c");
+	publish_ok(b, 5);
+	assert_acked(0);
+	assert_outcome(1, BROKER_RETURNED, "NO_ROUTE (312)");
+	assert_outcome(1, BROKER_RETURNED, "routing key 'nowhere-x'");
+	assert_acked(2);
+	assert_outcome(3, BROKER_RETURNED, "routing key 'nowhere-y'");
+	assert_acked(4);
+	ck_assert(!results[1].permanent);
+	expect_queue_ids(b, q, want, 3, false);
+	broker_free(b);
+}
+END_TEST
+
+START_TEST(test_missing_exchange_rejected)
+{
+	struct broker *b = connect_default();
+	char q[128], x[128], text[300];
+	int64_t want[2] = { 1, 3 };
+
+	uniq(q, sizeof(q), "nox-q");
+	uniq(x, sizeof(x), "nox-x");
+	ck_assert(broker_declare_queue(b, q, "", "") == 0);
+	msg_set(&msgs[0], 1, "", NULL, q, "a");
+	msg_set(&msgs[1], 2, x, NULL, q, "to nowhere");
+	msg_set(&msgs[2], 3, "", NULL, q, "b");
+	publish_ok(b, 3);
+	strfmt(text, sizeof(text), "NOT_FOUND - no exchange '%s'", x);
+	assert_acked(0);
+	assert_outcome(1, BROKER_REJECTED, text);
+	ck_assert(!results[1].permanent);
+	assert_acked(2);
+	/* A failure is not remembered past its batch. */
+	msg_set(&msgs[0], 4, x, "", q, "still nowhere");
+	publish_ok(b, 1);
+	assert_outcome(0, BROKER_REJECTED, text);
+	expect_queue_ids(b, q, want, 2, false);
+	broker_free(b);
+}
+END_TEST
+
+START_TEST(test_exchange_type_mismatch_rejected)
+{
+	struct broker *b = connect_default();
+	char q[128], x[128];
+	int64_t want[2] = { 1, 3 };
+
+	uniq(q, sizeof(q), "type-q");
+	uniq(x, sizeof(x), "type-x");
+	ck_assert(broker_declare_exchange(b, x, "direct") == 0);
+	ck_assert(broker_declare_queue(b, q, x, "k") == 0);
+	msg_set(&msgs[0], 1, x, "direct", "k", "a");
+	msg_set(&msgs[1], 2, x, "topic", "k", "wrong type");
+	msg_set(&msgs[2], 3, "", NULL, q, "b");
+	publish_ok(b, 3);
+	assert_acked(0);
+	assert_outcome(1, BROKER_REJECTED, "PRECONDITION_FAILED");
+	assert_outcome(1, BROKER_REJECTED, "inequivalent arg 'type'");
+	assert_acked(2);
+	expect_queue_ids(b, q, want, 2, false);
+	ck_assert(broker_delete_exchange(b, x) == 0);
+	broker_free(b);
+}
+END_TEST
+
+START_TEST(test_typed_exchange_is_created)
+{
+	struct broker *b = connect_default();
+	char q[128], x[128];
+
+	uniq(q, sizeof(q), "new-q");
+	uniq(x, sizeof(x), "new-x");
+	/* Declared on first use: no binding yet, so returned, not 404. */
+	msg_set(&msgs[0], 1, x, "fanout", "any", "a");
+	publish_ok(b, 1);
+	assert_outcome(0, BROKER_RETURNED, "NO_ROUTE");
+	ck_assert(broker_declare_queue(b, q, x, "") == 0);
+	msg_set(&msgs[0], 2, x, "fanout", "any", "b");
+	publish_ok(b, 1);
+	assert_acked(0);
+	ck_assert_uint_eq(wait_count(b, q, 1), 1);
+	ck_assert(broker_delete_exchange(b, x) == 0);
+	ck_assert(broker_delete_queue(b, q) == 0);
+	broker_free(b);
+}
+END_TEST
+
+START_TEST(test_max_payload_rejected_unsent)
+{
+	struct broker_conf conf;
+	struct broker *b;
+	static char body[1002];
+	char q[128];
+	int64_t want[2] = { 1, 3 };
+
+	conf_init(&conf);
+	conf.max_payload = 1000;
+	b = connected(&conf);
+	uniq(q, sizeof(q), "maxp");
+	ck_assert(broker_declare_queue(b, q, "", "") == 0);
+	memset(body, 'y', sizeof(body) - 1);
+	msg_set(&msgs[0], 1, "", NULL, q, body + 1);	/* 1000 bytes */
+	msg_set(&msgs[1], 2, "", NULL, q, body);	/* 1001 bytes */
+	msg_set(&msgs[2], 3, "", NULL, q, "small");
+	publish_ok(b, 3);
+	assert_acked(0);
+	ck_assert_int_eq(results[1].outcome, BROKER_REJECTED);
+	ck_assert(results[1].permanent);
+	ck_assert_str_eq(results[1].reason,
+	    "payload of 1001 bytes exceeds rabbitmq.max_payload (1000)");
+	assert_acked(2);
+	expect_queue_ids(b, q, want, 2, false);
+	broker_free(b);
+}
+END_TEST
+
+START_TEST(test_broker_message_size_limit)
+{
+	struct broker_conf conf;
+	struct broker *b;
+	char q[128], *big;
+	int64_t want[8] = { 1, 2, 3, 5, 6, 7, 8, 10 };
+
+	conf_init(&conf);
+	conf.max_payload = 16 * MiB;
+	b = connected(&conf);
+	uniq(q, sizeof(q), "maxsize");
+	ck_assert(broker_declare_queue(b, q, "", "") == 0);
+	big = xmalloc(4 * MiB + 2);
+	memset(big, 'z', 4 * MiB + 1);
+	big[4 * MiB + 1] = '\0';
+	for (int i = 0; i < 7; i++)
+		msg_set(&msgs[i], i + 1, "", NULL, q, i == 3 ? big : "n");
+	publish_ok(b, 7);
+	for (size_t i = 0; i < 7; i++) {
+		if (i == 3)
+			continue;
+		assert_acked(i);
+	}
+	assert_outcome(3, BROKER_REJECTED, "larger than configured max size");
+	/* The channel was reopened: its tags start again at 1, and the
+	 * limit it taught spares it another close. */
+	msg_set(&msgs[0], 8, "", NULL, q, "n");
+	msg_set(&msgs[1], 9, "", NULL, q, big);
+	msg_set(&msgs[2], 10, "", NULL, q, "n");
+	publish_ok(b, 3);
+	assert_acked(0);
+	assert_outcome(1, BROKER_REJECTED, "max_message_size (4194304)");
+	assert_acked(2);
+	free(big);
+	expect_queue_ids(b, q, want, 8, true);
+	broker_free(b);
+}
+END_TEST
+
+START_TEST(test_unexplained_close_isolated)
+{
+	/* RabbitMQ reads CC as a list of routing keys: a string makes it
+	 * close the channel with words that name no exchange and no size,
+	 * so the culprit must be found by sending the suspects alone. */
+	static const char *const keys[] = { "CC" }, *const values[] = { "x" };
+	struct broker *b = connect_default();
+	char q[128];
+	int64_t want[5] = { 1, 2, 3, 5, 6 }, t0;
+
+	uniq(q, sizeof(q), "isolate");
+	ck_assert(broker_declare_queue(b, q, "", "") == 0);
+	for (int i = 0; i < 6; i++)
+		msg_set(&msgs[i], i + 1, "", NULL, q, "n");
+	msgs[3].header_keys = keys;
+	msgs[3].header_values = values;
+	msgs[3].n_headers = 1;
+	publish_ok(b, 6);
+	for (size_t i = 0; i < 6; i++) {
+		if (i != 3)
+			assert_acked(i);
+	}
+	assert_outcome(3, BROKER_REJECTED, "unacceptable_type_in_header");
+	ck_assert(!results[3].permanent);
+	expect_queue_ids(b, q, want, 5, true);
+
+	/* Thousands of suspects: a search, not one round trip each. */
+	uniq(q, sizeof(q), "isolate-big");
+	ck_assert(broker_declare_queue(b, q, "", "") == 0);
+	for (int i = 0; i < 3000; i++)
+		msg_set(&msgs[i], i + 1, "", NULL, q, "n");
+	msgs[2000].header_keys = keys;
+	msgs[2000].header_values = values;
+	msgs[2000].n_headers = 1;
+	t0 = now_mono_ms();
+	publish_ok(b, 3000);
+	fprintf(stderr, "check_broker: culprit isolated among 3000 in %"
+	    PRId64 " ms\n", now_mono_ms() - t0);
+	for (size_t i = 0; i < 3000; i++) {
+		if (i != 2000)
+			assert_acked(i);
+	}
+	assert_outcome(2000, BROKER_REJECTED, "unacceptable_type_in_header");
+	ck_assert(broker_delete_queue(b, q) == 0);
+	broker_free(b);
+}
+END_TEST
+
+START_TEST(test_exchange_deleted_after_cached)
+{
+	struct broker *b = connect_default(), *admin = connect_default();
+	char q[128], x[128], text[300];
+	int64_t want[4] = { 1, 2, 4, 6 };
+
+	uniq(q, sizeof(q), "del-q");
+	uniq(x, sizeof(x), "del-x");
+	ck_assert(broker_declare_exchange(admin, x, "direct") == 0);
+	ck_assert(broker_declare_queue(admin, q, x, "k") == 0);
+	msg_set(&msgs[0], 1, x, NULL, "k", "cached");
+	publish_ok(b, 1);
+	assert_acked(0);
+	/* Another connection deletes it: b's cache is now wrong. */
+	ck_assert(broker_delete_exchange(admin, x) == 0);
+	msg_set(&msgs[0], 2, "", NULL, q, "a");
+	msg_set(&msgs[1], 3, x, NULL, "k", "gone");
+	msg_set(&msgs[2], 4, "", NULL, q, "b");
+	msg_set(&msgs[3], 5, x, NULL, "k", "gone too");
+	msg_set(&msgs[4], 6, "", NULL, q, "c");
+	publish_ok(b, 5);
+	strfmt(text, sizeof(text), "NOT_FOUND - no exchange '%s'", x);
+	assert_acked(0);
+	assert_outcome(1, BROKER_REJECTED, text);
+	assert_acked(2);
+	assert_outcome(3, BROKER_REJECTED, text);
+	assert_acked(4);
+	/* Forgotten: the next batch checks again instead of publishing. */
+	msg_set(&msgs[0], 7, x, NULL, "k", "still gone");
+	publish_ok(b, 1);
+	assert_outcome(0, BROKER_REJECTED, text);
+	expect_queue_ids(b, q, want, 4, true);
+	broker_free(admin);
+	broker_free(b);
+}
+END_TEST
+
+START_TEST(test_not_connected)
+{
+	struct broker_conf conf;
+	struct broker *b;
+
+	broker_free(NULL);
+	conf_init(&conf);
+	b = broker_new(&conf);
+	ck_assert(!broker_connected(b));
+	msg_set(&msgs[0], 1, "", NULL, "q", "a");
+	ck_assert_int_eq(broker_publish_batch(b, msgs, 1, results), -1);
+	ck_assert_int_eq(results[0].outcome, BROKER_UNKNOWN);
+	ck_assert_ptr_nonnull(strstr(broker_error(b), "not connected"));
+	broker_disconnect(b);
+	broker_free(b);
+}
+END_TEST
+
+/* ---- connecting -------------------------------------------------------- */
+
+START_TEST(test_connect_closed_port)
+{
+	struct broker_conf conf;
+	struct broker *b;
+	char node[64];
+	int64_t t0;
+
+	conf_init(&conf);
+	conf.nodes[0].port = closed_port();
+	b = broker_new(&conf);
+	t0 = now_mono_ms();
+	ck_assert_int_eq(broker_connect(b), -1);
+	ck_assert_int_lt(now_mono_ms() - t0, 5000);
+	ck_assert(!broker_connected(b));
+	strfmt(node, sizeof(node), "127.0.0.1:%d: ", conf.nodes[0].port);
+	ck_assert_msg(strstr(broker_error(b), node) != NULL, "error: %s",
+	    broker_error(b));
+	ck_assert_msg(strstr(broker_error(b), "Connection refused") != NULL,
+	    "error: %s", broker_error(b));
+	broker_free(b);
+}
+END_TEST
+
+START_TEST(test_connect_second_node)
+{
+	struct broker_conf conf;
+	struct broker *b;
+
+	conf_init(&conf);
+	conf.nodes[1] = conf.nodes[0];
+	conf.nodes[0].port = closed_port();
+	conf.n_nodes = 2;
+	b = connected(&conf);
+	broker_free(b);
+}
+END_TEST
+
+START_TEST(test_bad_password)
+{
+	static const char secret[] = "Wr0ng-s3cret-pw";
+	struct broker_conf conf;
+	struct broker *b;
+	char password[sizeof(secret)];
+
+	conf_init(&conf);
+	memcpy(password, secret, sizeof(secret));
+	conf.password = password;
+	b = broker_new(&conf);
+	ck_assert_int_eq(broker_connect(b), -1);
+	ck_assert_msg(strstr(broker_error(b), "ACCESS_REFUSED") != NULL,
+	    "error: %s", broker_error(b));
+	ck_assert_msg(strstr(broker_error(b), secret) == NULL, "password "
+	    "in error: %s", broker_error(b));
+	broker_free(b);
+}
+END_TEST
+
+/* ---- losing the broker ------------------------------------------------- */
+
+START_TEST(test_confirm_timeout)
+{
+	struct broker_conf conf;
+	struct broker *b;
+	char q[128];
+	pid_t pid = rabbit_pid();
+	int64_t t0, ms;
+	int rc;
+
+	conf_init(&conf);
+	conf.confirm_timeout_ms = 1500;
+	b = connected(&conf);
+	uniq(q, sizeof(q), "frozen");
+	ck_assert(broker_declare_queue(b, q, "", "") == 0);
+	for (int i = 0; i < 20; i++)
+		msg_set(&msgs[i], i + 1, "", NULL, q, "frozen");
+	/* A frozen broker takes the bytes but never confirms. */
+	ck_assert(kill(pid, SIGSTOP) == 0);
+	t0 = now_mono_ms();
+	rc = broker_publish_batch(b, msgs, 20, results);
+	ms = now_mono_ms() - t0;
+	ck_assert(kill(pid, SIGCONT) == 0);
+	ck_assert_int_eq(rc, -1);
+	ck_assert_int_ge(ms, 1400);
+	ck_assert_int_lt(ms, 10000);
+	ck_assert(!broker_connected(b));
+	for (size_t i = 0; i < 20; i++)
+		ck_assert_int_eq(results[i].outcome, BROKER_UNKNOWN);
+	ck_assert_msg(strstr(broker_error(b), "confirms missing") != NULL,
+	    "error: %s", broker_error(b));
+	reconnect(b);
+	publish_ok(b, 20);
+	for (size_t i = 0; i < 20; i++)
+		assert_acked(i);
+	broker_free(b);
+}
+END_TEST
+
+START_TEST(test_broker_killed)
+{
+	struct broker *b = connect_default();
+	char q[128];
+
+	uniq(q, sizeof(q), "killed");
+	ck_assert(broker_declare_queue(b, q, "", "") == 0);
+	for (int i = 0; i < 50; i++)
+		msg_set(&msgs[i], i + 1, "", NULL, q, "before the crash");
+	publish_ok(b, 50);
+	servers("kill");
+	ck_assert_int_eq(broker_publish_batch(b, msgs, 50, results), -1);
+	for (size_t i = 0; i < 50; i++)
+		ck_assert_int_eq(results[i].outcome, BROKER_UNKNOWN);
+	ck_assert(!broker_connected(b));
+	ck_assert_int_eq(broker_connect(b), -1);
+	ck_assert_msg(strstr(broker_error(b), "Connection refused") != NULL,
+	    "error: %s", broker_error(b));
+	servers("start");
+	reconnect(b);
+	ck_assert(broker_declare_queue(b, q, "", "") == 0);
+	publish_ok(b, 50);
+	for (size_t i = 0; i < 50; i++)
+		assert_acked(i);
+	broker_free(b);
+}
+END_TEST
+
+static Suite *
+broker_suite(void)
+{
+	Suite *s = suite_create("broker");
+	TCase *pub = tcase_create("publish");
+	TCase *conn = tcase_create("connect");
+	TCase *loss = tcase_create("loss");
+
+	tcase_set_timeout(pub, 120);
+	tcase_add_test(pub, test_default_exchange_properties);
+	tcase_add_test(pub, test_batch_of_5000);
+	tcase_add_test(pub, test_unroutable_is_returned);
+	tcase_add_test(pub, test_missing_exchange_rejected);
+	tcase_add_test(pub, test_exchange_type_mismatch_rejected);
+	tcase_add_test(pub, test_typed_exchange_is_created);
+	tcase_add_test(pub, test_max_payload_rejected_unsent);
+	tcase_add_test(pub, test_broker_message_size_limit);
+	tcase_add_test(pub, test_exchange_deleted_after_cached);
+	tcase_add_test(pub, test_unexplained_close_isolated);
+	tcase_add_test(pub, test_not_connected);
+	suite_add_tcase(s, pub);
+	tcase_set_timeout(conn, 120);
+	tcase_add_test(conn, test_connect_closed_port);
+	tcase_add_test(conn, test_connect_second_node);
+	tcase_add_test(conn, test_bad_password);
+	suite_add_tcase(s, conn);
+	/* Last: these freeze and kill the broker. */
+	tcase_set_timeout(loss, 120);
+	tcase_add_test(loss, test_confirm_timeout);
+	tcase_add_test(loss, test_broker_killed);
+	suite_add_tcase(s, loss);
+	return s;
+}
+
+int
+main(void)
+{
+	const char *port = getenv("OUTBOXD_AMQP_PORT");
+	SRunner *sr;
+	int failed;
+
+	servers_dir = getenv("OUTBOXD_SERVERS_DIR");
+	if (port == NULL || servers_dir == NULL) {
+		fprintf(stderr, "check_broker: OUTBOXD_AMQP_PORT and "
+		    "OUTBOXD_SERVERS_DIR are not set: run it with `make "
+		    "integration`, or source DIR/env.sh after "
+		    "`tests/servers.sh start DIR rabbitmq`\n");
+		return EXIT_FAILURE;
+	}
+	amqp_port = atoi(port);
+	sr = srunner_create(broker_suite());
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}

@@ -1,0 +1,200 @@
+#!/usr/bin/env bash
+# Packaging checks that need no servers: the systemd unit (verify and a
+# hardening score of 2.0 or better), docker-compose.yml, the Dockerfile
+# against the Makefile, the shipped configs, and `make install`.
+# Prints "N passed, M failed"; exits 1 when anything failed.
+set -uo pipefail
+
+cd "${OUTBOXD_SRCDIR:-$(dirname "$0")/../..}" || exit 1
+UNIT=systemd/outboxd.service
+MAX_EXPOSURE=2.0
+# The binary `make` builds; `make SANITIZER=...` callers may pass theirs.
+BIN=${OUTBOXD_BIN:-build/outboxd}
+
+passed=0
+failed=0
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/outboxd-packaging.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+
+pass() { echo "PASS: $1"; passed=$((passed + 1)); }
+fail() { echo "FAIL: $1: ${*:2}"; failed=$((failed + 1)); }
+have() { command -v "$1" >/dev/null 2>&1; }
+
+# make as a developer runs it: no PREFIX, SANITIZER or DESTDIR inherited
+# from the environment or from a parent make's MAKEFLAGS.
+pmake() {
+	env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL -u PREFIX -u SANITIZER \
+	    -u DESTDIR make --no-print-directory "$@"
+}
+
+# The default PREFIX of `make install`, read from the Makefile itself.
+make_prefix() {
+	pmake -s --eval 'print-prefix: ; @echo $(PREFIX)' print-prefix
+}
+
+# --- systemd unit ----------------------------------------------------------
+# verify checks that ExecStart's binary exists, and it does not on a build
+# machine: check a copy whose outboxd path points at /bin/true instead.
+# The man pages named in Documentation= come from docs/man via MANPATH.
+if ! have systemd-analyze; then
+	fail "systemd-analyze verify" "systemd-analyze not found (Debian: systemd)"
+else
+	mkdir -p "$tmp/unit"
+	sed 's#^\(Exec[A-Za-z]*=[-@:+!]*\)/[^ ]*/outboxd #\1/bin/true #' \
+	    "$UNIT" >"$tmp/unit/outboxd.service"
+	man_opt=()
+	have man || man_opt=(--man=no)
+	if ! grep -q '^ExecStart=/bin/true ' "$tmp/unit/outboxd.service"; then
+		fail "systemd-analyze verify" "could not rewrite ExecStart"
+	elif out=$(MANPATH="$PWD/docs/man" SYSTEMD_LOG_COLOR=0 \
+	    systemd-analyze verify "${man_opt[@]}" \
+	    "$tmp/unit/outboxd.service" 2>&1) && [ -z "$out" ]; then
+		pass "systemd-analyze verify is clean"
+	else
+		fail "systemd-analyze verify" "$out"
+	fi
+
+	out=$(systemd-analyze security --offline=true --no-pager "$UNIT" 2>&1)
+	score=$(printf '%s\n' "$out" |
+	    sed -n 's/.*Overall exposure level for [^:]*: \([0-9.]*\).*/\1/p')
+	if [ -z "$score" ]; then
+		fail "systemd-analyze security" "no exposure level in: $out"
+	elif awk -v s="$score" -v m="$MAX_EXPOSURE" 'BEGIN { exit !(s <= m) }'
+	then
+		pass "systemd-analyze security: exposure $score <= $MAX_EXPOSURE"
+	else
+		fail "systemd-analyze security" \
+		    "exposure $score > $MAX_EXPOSURE:" \
+		    "$(printf '%s\n' "$out" | grep '✗')"
+	fi
+fi
+
+# ExecStart must name the binary where `make install` puts it.
+prefix=$(make_prefix)
+if grep -q "^ExecStart=$prefix/bin/outboxd -c /etc/outboxd/outboxd.yml run\$" \
+    "$UNIT"; then
+	pass "unit ExecStart matches make install (PREFIX=$prefix)"
+else
+	fail "unit ExecStart" "want $prefix/bin/outboxd -c" \
+	    "/etc/outboxd/outboxd.yml run, got: $(grep '^ExecStart=' "$UNIT")"
+fi
+
+# --- docker-compose.yml ----------------------------------------------------
+if ! have docker-compose; then
+	fail "docker-compose config" "docker-compose not found" \
+	    "(Debian: docker-compose)"
+elif out=$(docker-compose -f docker-compose.yml config -q 2>&1); then
+	pass "docker-compose config -q"
+else
+	fail "docker-compose config" "$out"
+fi
+
+# --- Dockerfile ------------------------------------------------------------
+# The build stage must build what a developer's `make` builds: its make
+# goals (none = the default goal) must produce build/outboxd, and that is
+# the file the runtime stage copies.
+build_stage=$(awk '/^FROM /{n++} n == 1' Dockerfile)
+make_line=$(printf '%s\n' "$build_stage" | grep -E '^RUN .*\bmake\b' | head -1)
+goals=$(printf '%s\n' "$make_line" |
+    sed -e 's/.*\bmake\b//' -e 's/&&.*//' |
+    tr ' ' '\n' | grep -v -e '^-' -e '=' -e '^$' | tr '\n' ' ')
+goals=${goals% }
+if [ -z "$make_line" ]; then
+	fail "Dockerfile make" "no RUN make in the build stage"
+elif ! pmake -n -B $goals 2>/dev/null |
+    grep -q -- '-o build/outboxd '; then
+	fail "Dockerfile make" "'make ${goals:-<default>}' does not link" \
+	    "build/outboxd"
+elif ! grep -q '^COPY --from=build /src/build/outboxd ' Dockerfile; then
+	fail "Dockerfile make" "the runtime stage does not copy build/outboxd"
+else
+	pass "Dockerfile builds build/outboxd with 'make ${goals}'"
+fi
+
+# Every -dev package tests/deps.sh installs for the build (Check is for
+# tests only) must be in the build stage too.
+missing=
+for p in $(grep -o '\blib[a-z0-9.-]*-dev\b' tests/deps.sh | sort -u); do
+	printf '%s\n' "$build_stage" | grep -qw -- "$p" ||
+		missing="$missing $p"
+done
+if [ -z "$missing" ]; then
+	pass "Dockerfile build stage has every -dev package of deps.sh"
+else
+	fail "Dockerfile build packages" "missing:$missing"
+fi
+
+# --- make install ----------------------------------------------------------
+dest="$tmp/dest"
+# This builds build/outboxd first when it is missing or stale.
+if ! out=$(pmake -s install DESTDIR="$dest" 2>&1); then
+	fail "make install" "$out"
+else
+	problems=
+	# want PATH MODE
+	want() {
+		if [ ! -f "$dest$1" ]; then
+			problems="$problems missing:$1"
+		elif [ "$(stat -c %a "$dest$1")" != "$2" ]; then
+			problems="$problems mode:$1:$(stat -c %a "$dest$1")!=$2"
+		fi
+	}
+	want "$prefix/bin/outboxd" 755
+	want /lib/systemd/system/outboxd.service 644
+	want /etc/outboxd/outboxd.yml 640
+	for s in sql/[0-9]*.sql; do
+		want "$prefix/share/outboxd/$s" 644
+	done
+	cmp -s "$dest/lib/systemd/system/outboxd.service" "$UNIT" ||
+		problems="$problems unit-differs"
+	if [ -z "$problems" ]; then
+		pass "make install DESTDIR=... installs binary, unit, config, SQL"
+	else
+		fail "make install" "$problems"
+	fi
+fi
+
+# --- checks that need the binary -------------------------------------------
+if [ ! -x "$BIN" ]; then
+	fail "outboxd check config/outboxd.yml" "no binary at $BIN (run make)"
+	fail "outboxd check config/docker.yml" "no binary at $BIN (run make)"
+	fail "Dockerfile runtime libraries" "no binary at $BIN (run make)"
+else
+	# config/docker.yml reads its passwords from these variables.
+	for f in config/outboxd.yml config/docker.yml; do
+		if out=$(OUTBOXD_PG_PASSWORD=x OUTBOXD_RABBITMQ_PASSWORD=x \
+		    "$BIN" -c "$f" check 2>&1) &&
+		    [ "$out" = "configuration OK" ]; then
+			pass "outboxd check $f"
+		else
+			fail "outboxd check $f" "$out"
+		fi
+	done
+
+	# Each library outboxd links directly must come from a package the
+	# runtime stage installs (libc6 is in every Debian image).
+	runtime_stage=$(awk '/^FROM /{n++} n == 2' Dockerfile)
+	missing=
+	for lib in $(readelf -d "$BIN" 2>/dev/null |
+	    sed -n 's/.*Shared library: \[\(.*\)\]/\1/p'); do
+		path=$(ldd "$BIN" | awk -v l="$lib" '$1 == l { print $3 }')
+		pkg=$(dpkg -S "$(readlink -f "$path")" 2>/dev/null |
+		    head -1 | cut -d: -f1)
+		[ -n "$pkg" ] || pkg=$(dpkg -S "$path" 2>/dev/null |
+		    head -1 | cut -d: -f1)
+		case "$pkg" in
+		libc6) continue ;;
+		"") missing="$missing $lib(no package)"; continue ;;
+		esac
+		printf '%s\n' "$runtime_stage" | grep -qw -- "$pkg" ||
+			missing="$missing $pkg"
+	done
+	if [ -z "$missing" ]; then
+		pass "Dockerfile runtime stage installs every linked library"
+	else
+		fail "Dockerfile runtime libraries" "missing:$missing"
+	fi
+fi
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
