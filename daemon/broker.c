@@ -106,6 +106,7 @@ struct batch {
 	struct broker_result *res;
 	int64_t deadline;		/* monotonic ms */
 	size_t probe;			/* suspects per round */
+	unsigned closes;		/* of channel 1, in this batch */
 };
 
 /* ---- errors and the connection's life ---------------------------------- */
@@ -170,12 +171,6 @@ conn_lost(struct broker *b, const char *fmt, ...)
 	set_err(b, "%s", msg);
 	drop(b);
 	return -1;
-}
-
-static const char *
-quote(char *buf, size_t size, const char *s)
-{
-	return log_quote(buf, size, s);
 }
 
 /* The broker closed the whole connection: say goodbye and drop it. */
@@ -525,7 +520,7 @@ broker_connect(struct broker *b)
 	if (b->conf.n_nodes == 0) {
 		set_err(b, "no rabbitmq node configured");
 		log_error("broker connect failed", "error=%s",
-		    quote(qerr, sizeof(qerr), b->err));
+		    log_quote(qerr, sizeof(qerr), b->err));
 		return -1;
 	}
 	for (size_t i = 0; i < b->conf.n_nodes; i++) {
@@ -538,7 +533,7 @@ broker_connect(struct broker *b)
 			return 0;
 		}
 		log_warn("broker connect failed", "node=%s error=%s", b->node,
-		    quote(qerr, sizeof(qerr), b->err));
+		    log_quote(qerr, sizeof(qerr), b->err));
 	}
 	return -1;
 }
@@ -850,7 +845,7 @@ finish(struct batch *bt, size_t i, enum broker_outcome outcome,
 	if (outcome != BROKER_ACKED) {
 		char q[300];
 		log_debug("message not taken", "id=%" PRId64 " reason=%s",
-		    bt->msgs[i].id, quote(q, sizeof(q), reason));
+		    bt->msgs[i].id, log_quote(q, sizeof(q), reason));
 	}
 }
 
@@ -1065,7 +1060,7 @@ return_header(struct batch *bt, const amqp_frame_t *f)
 	    !parse_id(p->message_id, &id) ||
 	    (i = window_find_id(bt, id)) == (size_t)-1) {
 		log_warn("basic.return for an unknown message", "reason=%s",
-		    quote((char[300]){ 0 }, 300, b->return_reason));
+		    log_quote((char[300]){ 0 }, 300, b->return_reason));
 		return;
 	}
 	b->slots[i].returned = true;
@@ -1082,9 +1077,11 @@ pub_channel_closed(struct batch *bt, const amqp_channel_close_t *m)
 
 	strfmt(b->close_reason, sizeof(b->close_reason), "%.*s",
 	    (int)m->reply_text.len, (const char *)m->reply_text.bytes);
-	log_warn("publish channel closed by the broker", "node=%s code=%u "
+	/* Isolating a culprit takes a few closes: one warning is enough. */
+	log_event(bt->closes++ == 0 ? LOG_WARN : LOG_DEBUG,
+	    "publish channel closed by the broker", "node=%s code=%u "
 	    "reason=%s unconfirmed=%zu", b->node, m->reply_code,
-	    quote(q, sizeof(q), b->close_reason), b->win.outstanding);
+	    log_quote(q, sizeof(q), b->close_reason), b->win.outstanding);
 	b->want_return_header = false;
 	return channel_close_ok(b, CH_PUB);
 }
@@ -1313,8 +1310,11 @@ batch_round(struct batch *bt)
 		bt->probe = (suspects + 1) / 2;
 	else if (closed || bt->probe <= 1)
 		bt->probe = SIZE_MAX;
+	bt->closes = 0;
 	else if (isolating)
 		bt->probe = (bt->probe + 1) / 2;
+	log_debug("confirm window done", "sent=%zu closed=%d suspects=%zu",
+	    sent, closed, suspects);
 	return 0;
 }
 
@@ -1328,6 +1328,7 @@ batch_start(struct batch *bt, struct broker *b,
 	bt->res = res;
 	bt->deadline = now_mono_ms() + confirm_ms(b);
 	bt->probe = SIZE_MAX;
+	bt->closes = 0;
 	if (b->cap_slots < n) {
 		b->cap_slots = n + n / 2 + 16;
 		b->slots = xrealloc(b->slots, b->cap_slots * sizeof(*b->slots));
@@ -1356,7 +1357,7 @@ batch_abandon(struct batch *bt)
 	}
 	drop(bt->b);
 	log_error("broker connection lost", "unsettled=%zu error=%s", left,
-	    quote(q, sizeof(q), bt->b->err));
+	    log_quote(q, sizeof(q), bt->b->err));
 }
 
 int
@@ -1431,7 +1432,7 @@ broker_tick(struct broker *b)
 	(void)conn_lost(b, "%s", amqp_error_string2(st));
 lost:
 	log_error("broker connection lost", "error=%s",
-	    quote((char[600]){ 0 }, 600, b->err));
+	    log_quote((char[600]){ 0 }, 600, b->err));
 	return -1;
 }
 
@@ -1459,7 +1460,7 @@ admin_end(struct broker *b, int rc, const char *what, const char *name,
 	if (rc == 1)
 		set_err(b, "%s %s: %s", what, name, reason);
 	log_warn("broker request failed", "error=%s",
-	    quote(q, sizeof(q), b->err));
+	    log_quote(q, sizeof(q), b->err));
 	return -1;
 }
 
@@ -1730,7 +1731,7 @@ broker_get(struct broker *b, int64_t timeout_ms,
 	    amqp_error_string2(r.library_error) : "unexpected reply");
 fail:
 	log_warn("broker consume failed", "error=%s",
-	    quote((char[600]){ 0 }, 600, b->err));
+	    log_quote((char[600]){ 0 }, 600, b->err));
 	return -1;
 }
 

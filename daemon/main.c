@@ -17,13 +17,18 @@
 #include "cli.h"
 #include "cli_backoff.h"
 #include "config.h"
+#include "http.h"
+#include "leader.h"
 #include "log.h"
+#include "metrics.h"
 #include "relay.h"
 
 #define DEFAULT_CONFIG "/etc/outboxd/outboxd.yml"
 
 static volatile sig_atomic_t stop_requested;
 static volatile sig_atomic_t reload_requested;
+/* relay.shutdown_timeout in whole seconds, for the handler's alarm(). */
+static volatile sig_atomic_t shutdown_timeout_s;
 
 static void
 on_stop(int sig)
@@ -33,6 +38,10 @@ on_stop(int sig)
 	if (stop_requested)
 		_exit(1);
 	stop_requested = 1;
+	/* If the batch in flight cannot finish in time, SIGALRM ends the
+	 * process: its rows stay due and are sent again later. */
+	if (shutdown_timeout_s > 0)
+		alarm((unsigned)shutdown_timeout_s);
 }
 
 static void
@@ -99,52 +108,124 @@ load_config(struct config *cfg, const char *path)
 	return 0;
 }
 
+/* What the daemon is made of; main owns them all. */
+struct daemon {
+	struct config *cfg;
+	struct store *store;
+	struct broker *broker;
+	struct relay *relay;
+	struct leader *leader;
+	struct http *http;
+};
+
 static void
-reload(struct config *cfg, struct relay *relay)
+reload(struct daemon *d)
 {
+	struct config *cfg = d->cfg;
 	struct config fresh;
 
 	sd_notify(0, "RELOADING=1");
 	config_defaults(&fresh);
-	if (config_load(&fresh, cfg->path, stderr) == -1) {
+	if (config_load(&fresh, cfg->path, NULL) == -1) {
 		log_error("reload failed, keeping the old config",
 		    "path=%s", cfg->path);
-		config_free(&fresh);
 	} else {
 		/* Keys that need a restart keep their old values. */
-		config_reload_check(cfg, &fresh, stderr);
+		(void)config_reload_check(cfg, &fresh, NULL);
 		config_apply_reloadable(cfg, &fresh);
-		config_free(&fresh);
 		log_set_level(cfg->log_level);
-		relay_set_conf(relay, &cfg->relay);
+		shutdown_timeout_s = (sig_atomic_t)((cfg->relay.
+		    shutdown_timeout_ms + 999) / 1000);
+		relay_set_conf(d->relay, &cfg->relay);
+		leader_set_conf(d->leader, &cfg->relay);
 		log_info("config reloaded", "path=%s", cfg->path);
 	}
+	config_free(&fresh);
 	sd_notify(0, "READY=1");
+}
+
+/* Publishes connection, leader and row state to metrics and health. */
+static void
+report_state(struct daemon *d)
+{
+	const struct leader_gauges *g = leader_gauges(d->leader);
+	bool pg = relay_store_up(d->relay), amqp = relay_broker_up(d->relay);
+
+	metrics_set_connection(METRICS_SERVER_POSTGRES, pg);
+	metrics_set_connection(METRICS_SERVER_RABBITMQ, amqp);
+	metrics_set_connection(METRICS_SERVER_REDIS,
+	    leader_redis_up(d->leader));
+	metrics_set_leader(leader_is_leader(d->leader),
+	    (enum metrics_backend)leader_backend(d->leader));
+	if (leader_is_leader(d->leader) && g->valid)
+		metrics_set_rows((uint64_t)g->counts.pending,
+		    (uint64_t)g->counts.due, (uint64_t)g->counts.dead,
+		    g->counts.oldest_due_age_s);
+	if (!pg)
+		metrics_set_health(false, "postgres unreachable");
+	else if (!amqp)
+		metrics_set_health(false, "rabbitmq unreachable");
+	else
+		metrics_set_health(true, "");
+}
+
+/* One turn of the main loop: leadership, then relaying or standing by. */
+static void
+daemon_step(struct daemon *d, int64_t max_wait_ms)
+{
+	bool leader = leader_tick(d->leader);
+	bool single = d->cfg->relay.mode == RELAY_SINGLE_ACTIVE;
+	int64_t next = leader_next_tick_ms(d->leader);
+
+	if (next < max_wait_ms)
+		max_wait_ms = next;
+	/* The leader also retries FAIL rows; other instances relay new
+	 * rows only (parallel) or stand by (single-active). */
+	relay_set_retries(d->relay, leader || single);
+	if (!single || leader)
+		relay_step(d->relay, max_wait_ms);
+	else
+		sleep_ms(max_wait_ms, &stop_requested);
+	report_state(d);
 }
 
 static int
 run_daemon(struct config *cfg)
 {
-	struct store *store = store_new(&cfg->store);
-	struct broker *broker = broker_new(&cfg->broker);
-	struct relay *relay = relay_new(&cfg->relay, store, broker);
+	struct daemon d = { .cfg = cfg };
+	char err[256];
 	uint64_t watchdog_us = 0;
 	bool ready = false;
 
+	metrics_init(OUTBOXD_VERSION);
+	d.http = http_start(&cfg->http, err, sizeof(err));
+	if (d.http == NULL) {
+		log_error("cannot start the http endpoint", "error=%s",
+		    log_quote((char[300]){ 0 }, 300, err));
+		return 1;
+	}
+	d.store = store_new(&cfg->store);
+	d.broker = broker_new(&cfg->broker);
+	d.relay = relay_new(&cfg->relay, d.store, d.broker);
+	d.leader = leader_new(&cfg->lock, &cfg->relay, d.store);
+	shutdown_timeout_s = (sig_atomic_t)((cfg->relay.shutdown_timeout_ms +
+	    999) / 1000);
 	install_signals();
 	if (sd_watchdog_enabled(0, &watchdog_us) <= 0)
 		watchdog_us = 0;
-	log_info("outboxd starting", "version=%s config=%s", OUTBOXD_VERSION,
-	    cfg->path);
+	log_info("outboxd starting", "version=%s config=%s mode=%s",
+	    OUTBOXD_VERSION, cfg->path, cfg->relay.mode == RELAY_PARALLEL ?
+	    "parallel" : "single-active");
 	while (!stop_requested) {
 		if (reload_requested) {
 			reload_requested = 0;
-			reload(cfg, relay);
+			reload(&d);
 		}
 		/* Wake at least twice per watchdog period. */
-		relay_step(relay, watchdog_us ? (int64_t)watchdog_us / 2000 :
+		daemon_step(&d, watchdog_us ? (int64_t)watchdog_us / 2000 :
 		    1000);
-		if (!ready && relay_store_up(relay) && relay_broker_up(relay)) {
+		if (!ready && relay_store_up(d.relay) &&
+		    relay_broker_up(d.relay)) {
 			ready = true;
 			sd_notify(0, "READY=1\nSTATUS=relaying");
 			log_info("outboxd ready", NULL);
@@ -152,13 +233,18 @@ run_daemon(struct config *cfg)
 		if (watchdog_us)
 			sd_notify(0, "WATCHDOG=1");
 	}
+	/* The batch in flight finished inside relay_step (its confirms
+	 * awaited, its rows marked); what is left is to let go. */
 	sd_notify(0, "STOPPING=1");
-	log_info("outboxd stopping", "published=%" PRIu64 " failed=%" PRIu64
-	    " dead=%" PRIu64, relay_stats(relay)->published,
-	    relay_stats(relay)->retried, relay_stats(relay)->dead);
-	relay_free(relay);
-	broker_free(broker);
-	store_free(store);
+	leader_release(d.leader);
+	log_info("outboxd stopped", "published=%" PRIu64 " failed=%" PRIu64
+	    " dead=%" PRIu64, relay_stats(d.relay)->published,
+	    relay_stats(d.relay)->retried, relay_stats(d.relay)->dead);
+	leader_free(d.leader);
+	relay_free(d.relay);
+	broker_free(d.broker);
+	store_free(d.store);
+	http_stop(d.http);
 	return 0;
 }
 

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "log.h"
+#include "metrics.h"
 
 struct relay {
 	struct relay_conf conf;
@@ -151,10 +152,24 @@ outcome_name(enum broker_outcome o)
 	return "unknown";
 }
 
+static enum metrics_failure
+failure_reason(const struct broker_result *res)
+{
+	switch (res->outcome) {
+	case BROKER_NACKED:
+		return METRICS_FAIL_NACKED;
+	case BROKER_RETURNED:
+		return METRICS_FAIL_UNROUTABLE;
+	default:
+		return res->permanent ? METRICS_FAIL_OVERSIZED :
+		    METRICS_FAIL_REJECTED;
+	}
+}
+
 /* Marks row i as failed with reason, choosing retry or dead. */
 static void
 mark_failed(struct relay *r, const struct outbox_row *row, size_t i,
-    const char *reason, bool permanent)
+    const char *reason, bool permanent, enum metrics_failure why)
 {
 	struct store_mark *m = &r->marks[i];
 	const char *note;
@@ -167,7 +182,9 @@ mark_failed(struct relay *r, const struct outbox_row *row, size_t i,
 	else
 		snprintf(r->errors[i], sizeof(r->errors[i]), "%s", reason);
 	m->error = r->errors[i];
+	metrics_inc_failed(why, 1);
 	if (m->kind == MARK_DEAD) {
+		metrics_inc_dead(1);
 		char q[340];
 		r->stats.dead++;
 		log_warn("message dead", "id=%" PRId64 " attempts=%d error=%s",
@@ -188,14 +205,15 @@ prepare_message(struct relay *r, const struct outbox_row *row, size_t i,
     struct broker_msg *msg)
 {
 	if (row->row_error != NULL) {
-		mark_failed(r, row, i, row->row_error, true);
+		mark_failed(r, row, i, row->row_error, true,
+		    METRICS_FAIL_BAD_ROW);
 		return false;
 	}
 	if (!row->has_content) {
 		/* A producer that writes the two rows in separate
 		 * transactions may commit the content a moment later. */
 		mark_failed(r, row, i, "no content row for this message",
-		    false);
+		    false, METRICS_FAIL_NO_CONTENT);
 		return false;
 	}
 	memset(msg, 0, sizeof(*msg));
@@ -256,12 +274,14 @@ relay_cycle(struct relay *r, size_t *claimed)
 		case BROKER_ACKED:
 			r->marks[i].kind = MARK_SUCCESS;
 			r->stats.published++;
+			metrics_inc_published(1);
 			break;
 		case BROKER_UNKNOWN:
 			/* No confirm: it may have arrived, or not.  Leave
 			 * the row due; at-least-once covers the rest. */
 			r->marks[i].kind = MARK_RELEASE;
 			r->stats.released++;
+			metrics_inc_released(1);
 			break;
 		default: {
 			char reason[300];
@@ -269,7 +289,7 @@ relay_cycle(struct relay *r, size_t *claimed)
 			snprintf(reason, sizeof(reason), "%s: %s",
 			    outcome_name(res->outcome), res->reason);
 			mark_failed(r, &batch.rows[i], i, reason,
-			    res->permanent);
+			    res->permanent, failure_reason(res));
 			break;
 		}
 		}
@@ -291,6 +311,8 @@ relay_cycle(struct relay *r, size_t *claimed)
 	r->stats.batches++;
 	r->stats.last_batch_us = now_mono_us() - started;
 	r->stats.last_confirm_us = confirmed - started;
+	metrics_observe_batch((double)r->stats.last_batch_us / 1e6);
+	metrics_observe_confirm((double)r->stats.last_confirm_us / 1e6);
 	if (broker_rc == 0)
 		r->stats.last_progress_ms = now_mono_ms();
 	log_debug("batch done", "rows=%zu published=%zu batch_us=%" PRId64,
@@ -319,6 +341,7 @@ ensure_store(struct relay *r)
 		return false;
 	if (store_connect(r->store) == 0 && store_listen(r->store) == 0) {
 		log_info("postgres connected", NULL);
+		metrics_inc_reconnect(METRICS_SERVER_POSTGRES);
 		backoff_cursor_reset(&r->store_retry);
 		r->store_was_up = true;
 		return true;
@@ -341,7 +364,7 @@ ensure_broker(struct relay *r)
 	if (now < r->broker_retry_at)
 		return false;
 	if (broker_connect(r->broker) == 0) {
-		log_info("rabbitmq connected", NULL);
+		metrics_inc_reconnect(METRICS_SERVER_RABBITMQ);
 		backoff_cursor_reset(&r->broker_retry);
 		return true;
 	}

@@ -714,6 +714,40 @@ END_TEST
 
 /* ---- losing the broker ------------------------------------------------- */
 
+START_TEST(test_tick_keeps_idle_connection)
+{
+	struct broker_conf conf;
+	struct broker *b;
+	char q[128];
+	int64_t until;
+
+	conf_init(&conf);
+	conf.heartbeat_s = 1;
+	b = connected(&conf);
+	uniq(q, sizeof(q), "idle");
+	ck_assert(broker_declare_queue(b, q, "", "") == 0);
+	/* Idle for several heartbeat periods, ticking as the relay does
+	 * between batches. */
+	until = now_mono_ms() + 3500;
+	while (now_mono_ms() < until) {
+		ck_assert_msg(broker_tick(b) == 0, "tick: %s", broker_error(b));
+		sleep_ms(200, NULL);
+	}
+	msg_set(&msgs[0], 1, "", NULL, q, "still here");
+	publish_ok(b, 1);
+	assert_acked(0);
+	/* The control: the same silence without ticks loses the
+	 * connection, so the ticks above did the work. */
+	sleep_ms(3500, NULL);
+	ck_assert_int_eq(broker_publish_batch(b, msgs, 1, results), -1);
+	ck_assert_int_eq(results[0].outcome, BROKER_UNKNOWN);
+	ck_assert(!broker_connected(b));
+	reconnect(b);
+	ck_assert(broker_delete_queue(b, q) == 0);
+	broker_free(b);
+}
+END_TEST
+
 START_TEST(test_confirm_timeout)
 {
 	struct broker_conf conf;
@@ -808,6 +842,7 @@ broker_suite(void)
 	suite_add_tcase(s, conn);
 	/* Last: these freeze and kill the broker. */
 	tcase_set_timeout(loss, 120);
+	tcase_add_test(loss, test_tick_keeps_idle_connection);
 	tcase_add_test(loss, test_confirm_timeout);
 	tcase_add_test(loss, test_broker_killed);
 	suite_add_tcase(s, loss);

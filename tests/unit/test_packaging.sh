@@ -29,6 +29,7 @@ pmake() {
 
 # The default PREFIX of `make install`, read from the Makefile itself.
 make_prefix() {
+	# shellcheck disable=SC2016  # $(PREFIX) is make's, not the shell's
 	pmake -s --eval 'print-prefix: ; @echo $(PREFIX)' print-prefix
 }
 
@@ -99,9 +100,10 @@ goals=$(printf '%s\n' "$make_line" |
     sed -e 's/.*\bmake\b//' -e 's/&&.*//' |
     tr ' ' '\n' | grep -v -e '^-' -e '=' -e '^$' | tr '\n' ' ')
 goals=${goals% }
+read -r -a goal_args <<<"$goals"
 if [ -z "$make_line" ]; then
 	fail "Dockerfile make" "no RUN make in the build stage"
-elif ! pmake -n -B $goals 2>/dev/null |
+elif ! pmake -n -B "${goal_args[@]}" 2>/dev/null |
     grep -q -- '-o build/outboxd '; then
 	fail "Dockerfile make" "'make ${goals:-<default>}' does not link" \
 	    "build/outboxd"
@@ -114,6 +116,7 @@ fi
 # Every -dev package tests/deps.sh installs for the build (Check is for
 # tests only) must be in the build stage too.
 missing=
+# shellcheck disable=SC2013  # package names are single words
 for p in $(grep -o '\blib[a-z0-9.-]*-dev\b' tests/deps.sh | sort -u); do
 	printf '%s\n' "$build_stage" | grep -qw -- "$p" ||
 		missing="$missing $p"
