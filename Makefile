@@ -104,14 +104,14 @@ deps:
 test: deps
 	@$(MAKE) --no-print-directory unit integration
 
-unit: $(UNIT_BINS)
-	@tests/run-unit.sh $(UNIT_BINS) $(UNIT_SCRIPTS)
+unit: $(B)/outboxd $(UNIT_BINS)
+	@OUTBOXD_BIN=$(B)/outboxd tests/run-unit.sh $(UNIT_BINS) $(UNIT_SCRIPTS)
 
 integration: $(B)/outboxd $(INTEG_BINS)
 	@OUTBOXD_BIN=$(B)/outboxd tests/run-integration.sh $(INTEG_BINS) \
 		$(INTEG_SCRIPTS)
 
-valgrind: $(UNIT_BINS)
+valgrind: $(B)/outboxd $(UNIT_BINS)
 	@VALGRIND=1 tests/run-unit.sh $(UNIT_BINS)
 
 bench: deps $(B)/outboxd $(BENCH_BINS)
@@ -132,6 +132,11 @@ install: $(B)/outboxd
 	install -m 644 sql/*.sql $(DESTDIR)$(PREFIX)/share/outboxd/sql/
 	install -m 640 config/outboxd.yml $(DESTDIR)/etc/outboxd/outboxd.yml
 	install -m 644 systemd/outboxd.service $(DESTDIR)/lib/systemd/system/
+	install -d $(DESTDIR)$(PREFIX)/share/man/man8 \
+		$(DESTDIR)$(PREFIX)/share/man/man5
+	install -m 644 docs/man/man8/outboxd.8 $(DESTDIR)$(PREFIX)/share/man/man8/
+	install -m 644 docs/man/man5/outboxd.yml.5 \
+		$(DESTDIR)$(PREFIX)/share/man/man5/
 
 format:
 	clang-format -i daemon/*.c daemon/*.h tests/*/*.c

@@ -212,7 +212,7 @@ channel_close_ok(struct broker *b, amqp_channel_t ch)
  * channel (its words in reason, close-ok sent); -1 the connection is gone
  * (dropped, error in b->err).
  */
-static int
+static int WARN_UNUSED
 rpc_outcome(struct broker *b, amqp_channel_t ch, amqp_rpc_reply_t r,
     const char *what, char *reason, size_t size)
 {
@@ -278,7 +278,7 @@ connect_ms(const struct broker *b)
 
 /* Opens channel ch; the publishing channel also gets confirm.select,
  * after which its delivery tags count from 1. */
-static int
+static int WARN_UNUSED
 open_channel(struct broker *b, amqp_channel_t ch, int64_t deadline)
 {
 	char reason[256];
@@ -306,7 +306,7 @@ open_channel(struct broker *b, amqp_channel_t ch, int64_t deadline)
 	return 0;
 }
 
-static int
+static int WARN_UNUSED
 ensure_channels(struct broker *b, int64_t deadline)
 {
 	if (!b->pub_open && open_channel(b, CH_PUB, deadline) == -1)
@@ -320,7 +320,7 @@ ensure_channels(struct broker *b, int64_t deadline)
 
 /* Connects one address before deadline; returns the fd or -1 with the
  * reason in err. */
-static int
+static int WARN_UNUSED
 tcp_try(const struct addrinfo *ai, int64_t deadline, char *err, size_t size)
 {
 	struct pollfd pfd;
@@ -365,7 +365,7 @@ fail:
  * Our own TCP connect, so that the error says "Connection refused" or
  * "timed out" where rabbitmq-c would only say "a socket error occurred".
  */
-static int
+static int WARN_UNUSED
 tcp_connect(const char *host, int port, int64_t timeout_ms, char *err,
     size_t size)
 {
@@ -389,7 +389,7 @@ tcp_connect(const char *host, int port, int64_t timeout_ms, char *err,
 	return fd;
 }
 
-static int
+static int WARN_UNUSED
 tls_setup(struct broker *b, amqp_socket_t *sock)
 {
 	const struct broker_conf *c = &b->conf;
@@ -416,7 +416,7 @@ tls_setup(struct broker *b, amqp_socket_t *sock)
 }
 
 /* Gives b->conn an open socket to node. */
-static int
+static int WARN_UNUSED
 open_socket(struct broker *b, const struct broker_node *node)
 {
 	struct timeval tv = ms_to_tv(connect_ms(b));
@@ -455,7 +455,7 @@ open_socket(struct broker *b, const struct broker_node *node)
 	return 0;
 }
 
-static int
+static int WARN_UNUSED
 login(struct broker *b)
 {
 	const struct broker_conf *c = &b->conf;
@@ -493,7 +493,7 @@ login(struct broker *b)
 	return -1;
 }
 
-static int
+static int WARN_UNUSED
 connect_node(struct broker *b, const struct broker_node *node)
 {
 	strfmt(b->node, sizeof(b->node), "%s:%d", node->host, node->port);
@@ -633,6 +633,17 @@ xcache_put(struct broker *b, const char *name, const char *type, bool ok,
 {
 	struct xentry *x = xcache_find(b, name, type);
 
+	/* A failure from an earlier batch is worth nothing: its slot is
+	 * reused, so that bogus names cannot grow the cache. */
+	for (size_t i = 0; x == NULL && i < b->n_xs; i++) {
+		if (!b->xs[i].ok && b->xs[i].batch != b->batch_seq) {
+			x = &b->xs[i];
+			free(x->name);
+			free(x->type);
+			x->name = xstrdup(name);
+			x->type = xstrdup(type);
+		}
+	}
 	if (x == NULL) {
 		if (b->n_xs == b->cap_xs) {
 			b->cap_xs = b->cap_xs ? b->cap_xs * 2 : 16;
@@ -670,7 +681,7 @@ xcache_forget(struct broker *b, const char *name)
  * must exist.  Successes are cached until reconnect, failures for the
  * batch.
  */
-static int
+static int WARN_UNUSED
 exchange_usable(struct broker *b, const char *name, const char *type,
     int64_t deadline, char *reason, size_t size)
 {
@@ -871,7 +882,7 @@ batch_has_suspect(const struct batch *bt)
 }
 
 /* Settles what can be settled without sending: limits, exchanges. */
-static int
+static int WARN_UNUSED
 batch_prepare(struct batch *bt)
 {
 	struct broker *b = bt->b;
@@ -927,7 +938,7 @@ window_push(struct window *w, size_t i)
 	w->outstanding++;
 }
 
-static int
+static int WARN_UNUSED
 publish_one(struct batch *bt, size_t i)
 {
 	struct broker *b = bt->b;
@@ -1069,7 +1080,7 @@ return_header(struct batch *bt, const amqp_frame_t *f)
 	    b->return_reason);
 }
 
-static int
+static int WARN_UNUSED
 pub_channel_closed(struct batch *bt, const amqp_channel_close_t *m)
 {
 	struct broker *b = bt->b;
@@ -1086,7 +1097,7 @@ pub_channel_closed(struct batch *bt, const amqp_channel_close_t *m)
 	return channel_close_ok(b, CH_PUB);
 }
 
-static int
+static int WARN_UNUSED
 pub_method(struct batch *bt, const amqp_method_t *m)
 {
 	const amqp_basic_ack_t *ack;
@@ -1114,7 +1125,7 @@ pub_method(struct batch *bt, const amqp_method_t *m)
 }
 
 /* Channel 0: the connection itself. */
-static int
+static int WARN_UNUSED
 conn_method(struct broker *b, const amqp_method_t *m)
 {
 	const amqp_connection_blocked_t *blocked;
@@ -1136,7 +1147,7 @@ conn_method(struct broker *b, const amqp_method_t *m)
 	}
 }
 
-static int
+static int WARN_UNUSED
 handle_frame(struct batch *bt, const amqp_frame_t *f)
 {
 	struct broker *b = bt->b;
@@ -1161,7 +1172,7 @@ handle_frame(struct batch *bt, const amqp_frame_t *f)
  * (returns 0 on a quiet wait too, the caller loops); otherwise take only
  * what is there and return 1 when nothing is.  -1: connection gone.
  */
-static int
+static int WARN_UNUSED
 pump(struct batch *bt, bool block)
 {
 	struct broker *b = bt->b;
@@ -1192,7 +1203,7 @@ pump(struct batch *bt, bool block)
 
 /* Handles every frame already available, without blocking: acks pile up
  * while we publish, and the broker may have closed the channel. */
-static int
+static int WARN_UNUSED
 pump_available(struct batch *bt)
 {
 	int rc;
@@ -1272,7 +1283,7 @@ window_after_close(struct batch *bt)
  * only the first bt->probe suspects), reading acks as it goes, then
  * waits for every confirm or for the channel close that ends the window.
  */
-static int
+static int WARN_UNUSED
 batch_round(struct batch *bt)
 {
 	struct broker *b = bt->b;
@@ -1310,7 +1321,6 @@ batch_round(struct batch *bt)
 		bt->probe = (suspects + 1) / 2;
 	else if (closed || bt->probe <= 1)
 		bt->probe = SIZE_MAX;
-	bt->closes = 0;
 	else if (isolating)
 		bt->probe = (bt->probe + 1) / 2;
 	log_debug("confirm window done", "sent=%zu closed=%d suspects=%zu",
@@ -1380,17 +1390,19 @@ broker_publish_batch(struct broker *b, const struct broker_msg *msgs,
 	}
 	for (size_t round = 0; batch_left(&bt) > 0; round++) {
 		if (round == max_rounds) {
-			for (size_t i = 0; i < n; i++)
+			for (size_t i = 0; i < n; i++) {
 				if (b->slots[i].state != SLOT_DONE)
 					finish(&bt, i, BROKER_REJECTED, false,
 					    b->close_reason);
+			}
 			break;
 		}
 		if (batch_prepare(&bt) == -1 || batch_round(&bt) == -1)
 			goto fail;
 	}
-	/* A batch must leave the publishing channel ready for the next. */
-	if (ensure_channels(b, bt.deadline) == -1)
+	/* A batch leaves the publishing channel ready for the next, even
+	 * when its last confirm came just before its deadline. */
+	if (ensure_channels(b, now_mono_ms() + connect_ms(b)) == -1)
 		goto fail;
 	amqp_maybe_release_buffers(b->conn);
 	return 0;
@@ -1438,7 +1450,7 @@ lost:
 
 /* ---- declares and counts (CLI, tests) ---------------------------------- */
 
-static int
+static int WARN_UNUSED
 admin_begin(struct broker *b)
 {
 	if (b->conn == NULL) {
@@ -1560,6 +1572,10 @@ broker_consume(struct broker *b, const char *queue)
 	char reason[256] = "";
 	int rc;
 
+	if (b->consuming) {
+		set_err(b, "already consuming");
+		return -1;
+	}
 	if (admin_begin(b) == -1)
 		return admin_end(b, -1, "basic.consume", queue, reason);
 	rpc_deadline(b, now_mono_ms() + confirm_ms(b));
@@ -1665,7 +1681,7 @@ delivery_copy(const amqp_envelope_t *env)
 }
 
 /* A frame other than a delivery arrived while consuming. */
-static int
+static int WARN_UNUSED
 consumer_frame(struct broker *b)
 {
 	struct timeval tv = { 0, 0 };

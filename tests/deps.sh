@@ -9,6 +9,7 @@ packages=(
 	libsystemd-dev libmicrohttpd-dev
 	postgresql-15 postgresql-client-15 rabbitmq-server redis-server
 	redis-tools amqp-tools iproute2 procps valgrind
+	python3-psycopg2 nodejs systemd docker-compose
 )
 if [ -n "${OUTBOXD_EXTRA_PACKAGES:-}" ]; then
 	read -r -a extra <<<"$OUTBOXD_EXTRA_PACKAGES"
