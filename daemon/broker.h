@@ -78,11 +78,13 @@ struct broker_result {
 
 struct broker;
 
+/* Copies conf (the password is wiped on free); does not connect. */
 struct broker *broker_new(const struct broker_conf *);
 void broker_free(struct broker *);
 
-/* Connects to the first node that answers, opens the channel and turns
- * on confirms.  Error text in broker_error(). */
+/* Connects to the first node that answers (dropping any connection it
+ * had), opens the channel and turns on confirms.  Error text, naming the
+ * node, in broker_error(). */
 int broker_connect(struct broker *) WARN_UNUSED;
 bool broker_connected(const struct broker *);
 /* Drops the connection (kept struct; broker_connect again later). */
@@ -95,7 +97,9 @@ const char *broker_error(const struct broker *);
  * is still healthy (each result says what happened to its message), -1
  * when it was lost: the messages not yet confirmed are BROKER_UNKNOWN and
  * the caller must reconnect.  A message rejected by a channel close never
- * takes the others with it: the channel is reopened and the rest resent.
+ * takes the others with it: the channel is reopened and the rest resent
+ * (a message the broker took just before the close but never confirmed
+ * is sent again: at-least-once).  Not connected: -1, nothing sent.
  */
 int broker_publish_batch(struct broker *, const struct broker_msg *msgs,
     size_t n, struct broker_result *results) WARN_UNUSED;

@@ -15,6 +15,9 @@
 /* Bounded work per tick keeps the relay's batches flowing meanwhile. */
 #define PURGE_CHUNK 1000
 #define PURGE_CHUNKS_PER_TICK 10
+/* Finding no SUCCESS row old enough to purge reads every sent row (there
+ * is no index on edit_time): do it once a minute, not every poll. */
+#define PURGE_INTERVAL_MS 60000
 
 struct leader {
 	struct lock *lock;	/* NULL when Redis is disabled */
@@ -24,6 +27,7 @@ struct leader {
 	enum leader_backend backend;
 	bool redis_was_up;
 	int64_t next_compensation_ms;
+	int64_t next_purge_ms;
 	struct leader_gauges gauges;
 };
 
@@ -77,8 +81,10 @@ set_leader(struct leader *l, bool is_leader, enum leader_backend backend)
 		log_info(is_leader ? "leadership acquired" :
 		    "leadership released", "backend=%s",
 		    leader_backend_name(is_leader ? backend : l->backend));
-	if (is_leader && !l->is_leader)
+	if (is_leader && !l->is_leader) {
 		l->next_compensation_ms = 0;	/* compensate at once */
+		l->next_purge_ms = 0;
+	}
 	l->is_leader = is_leader;
 	l->backend = is_leader ? backend : LEADER_BACKEND_NONE;
 }
@@ -137,7 +143,7 @@ compensate(struct leader *l)
 		goto fail;
 	if (n > 0)
 		log_warn("rows out of retries marked dead", "rows=%" PRId64, n);
-	if (l->conf.retention_ms > 0) {
+	if (l->conf.retention_ms > 0 && now_mono_ms() >= l->next_purge_ms) {
 		for (int i = 0; i < PURGE_CHUNKS_PER_TICK; i++) {
 			if (store_purge_sent(l->store, l->conf.retention_ms,
 			    PURGE_CHUNK, &n) == -1)
@@ -150,6 +156,10 @@ compensate(struct leader *l)
 			log_info("sent rows purged", "rows=%" PRId64
 			    " older_than_ms=%" PRId64, purged,
 			    l->conf.retention_ms);
+		/* A backlog is worked off at the next compensation. */
+		l->next_purge_ms = purged >= PURGE_CHUNK *
+		    PURGE_CHUNKS_PER_TICK ? 0 : now_mono_ms() +
+		    PURGE_INTERVAL_MS;
 	}
 	if (store_counts(l->store, false, &l->gauges.counts) == -1)
 		goto fail;

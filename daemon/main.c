@@ -248,6 +248,32 @@ run_daemon(struct config *cfg)
 	return 0;
 }
 
+/*
+ * `outboxd check -c FILE` and `outboxd run -c FILE` are documented (and
+ * `make run` uses them), but getopt stops at the command: take "-c FILE"
+ * out of the command's own arguments too.  Returns the new argc.
+ */
+static int
+take_config_option(int argc, char **argv, const char **path)
+{
+	int n = 1;
+
+	for (int i = 1; i < argc; i++) {
+		if (strcmp(argv[i], "--") == 0) {
+			while (i < argc)
+				argv[n++] = argv[i++];
+			break;
+		}
+		if (strcmp(argv[i], "-c") == 0 && i + 1 < argc) {
+			*path = argv[++i];
+			continue;
+		}
+		argv[n++] = argv[i];
+	}
+	argv[n] = NULL;
+	return n;
+}
+
 int
 main(int argc, char **argv)
 {
@@ -278,8 +304,12 @@ main(int argc, char **argv)
 			return 2;
 		}
 	}
-	if (optind < argc)
+	if (optind < argc) {
 		command = argv[optind];
+		if (strcmp(command, "backoff") != 0)
+			argc = optind + take_config_option(argc - optind,
+			    argv + optind, &path);
+	}
 	if (strcmp(command, "help") == 0) {
 		usage(stdout);
 		return 0;

@@ -295,8 +295,8 @@ relay_cycle(struct relay *r, size_t *claimed)
 		}
 	}
 	if (broker_rc == -1) {
-		log_error("broker connection lost", "error=%s",
-		    log_quote((char[600]){ 0 }, 600, broker_error(r->broker)));
+		/* The broker module logged why; the rows it could not
+		 * confirm stay due. */
 		r->stats.broker_errors++;
 		broker_disconnect(r->broker);
 	}
@@ -369,9 +369,8 @@ ensure_broker(struct relay *r)
 		return true;
 	}
 	r->broker_retry_at = now + backoff_cursor_next(&r->broker_retry);
-	log_warn("rabbitmq unavailable", "retry_in_ms=%" PRId64 " error=%s",
-	    r->broker_retry_at - now,
-	    log_quote((char[600]){ 0 }, 600, broker_error(r->broker)));
+	log_warn("rabbitmq unavailable", "retry_in_ms=%" PRId64,
+	    r->broker_retry_at - now);
 	return false;
 }
 
@@ -447,4 +446,8 @@ relay_step(struct relay *r, int64_t max_wait_ms)
 		return;
 	if (store_connected(r->store))
 		wait_for_work(r, idle_timeout(r, max_wait_ms));
+	/* rabbitmq-c answers heartbeats and notices a closed connection
+	 * only when called: do it while idle too. */
+	if (broker_connected(r->broker) && broker_tick(r->broker) == -1)
+		broker_disconnect(r->broker);
 }

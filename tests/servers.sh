@@ -7,11 +7,17 @@
 #   tests/servers.sh restart DIR  pg|rabbitmq|redis ...
 #   tests/servers.sh kill    DIR  pg|rabbitmq|redis ...    (SIGKILL: crash)
 #   tests/servers.sh status  DIR
+#   tests/servers.sh tls     DIR [pg|rabbitmq|redis ...]   (start, with TLS)
 #
 # `start` writes DIR/env.sh (ports and connection strings to source) and
 # DIR/outboxd.yml (a config for outboxd against these servers).  Ports are
 # chosen once per DIR and kept, so a restarted server comes back on the
 # same port.
+#
+# TLS mode (opt-in: `tls DIR`, or OUTBOXD_TLS=1 with `start`) makes a CA,
+# server and client certificates under DIR/tls; PostgreSQL then takes only
+# TLS with a client certificate, RabbitMQ adds an amqps listener
+# (OUTBOXD_AMQPS_PORT) and Redis a unix socket.  It sticks to the DIR.
 set -euo pipefail
 
 PG_BIN=${PG_BIN:-/usr/lib/postgresql/15/bin}
@@ -22,7 +28,7 @@ die() { echo "servers.sh: $*" >&2; exit 1; }
 note() { echo "servers.sh: $*" >&2; }
 
 usage() {
-	sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
+	sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'
 	exit 2
 }
 
@@ -70,6 +76,7 @@ load_ports() {
 	if [ -f "$DIR/ports" ]; then
 		# shellcheck disable=SC1091
 		. "$DIR/ports"
+		tls_on && tls_port
 		return
 	fi
 	PG_PORT=$(pick_port)
@@ -84,6 +91,8 @@ load_ports() {
 	REDIS_PORT=$REDIS_PORT
 	HTTP_PORT=$HTTP_PORT
 	EOF
+	tls_on && tls_port
+	return 0
 }
 
 write_env() {
@@ -113,6 +122,150 @@ write_env() {
 	http:
 	  listen: "127.0.0.1:$HTTP_PORT"
 	EOF
+	tls_on && tls_write_env
+	return 0
+}
+
+# --- TLS (opt-in) ----------------------------------------------------------
+
+# TLS mode is on for a DIR once its certificates exist; nobody who never
+# asked for it ever has DIR/tls.
+tls_on() {
+	[ -f "$DIR/tls/client.key" ]
+}
+
+# An amqps port, picked once and kept in DIR/ports like the others.
+tls_port() {
+	[ -n "${AMQPS_PORT:-}" ] && return 0
+	PORTS_TAKEN=" $PG_PORT $AMQP_PORT $AMQP_DIST_PORT $REDIS_PORT $HTTP_PORT"
+	AMQPS_PORT=$(pick_port)
+	echo "AMQPS_PORT=$AMQPS_PORT" >>"$DIR/ports"
+}
+
+# Signs DIR/tls/NAME.crt for a fresh key with the CA (x509 extensions in
+# the last argument).
+tls_sign() {
+	local t=$1 name=$2 cn=$3 ext=$4
+	printf '%s\n' "$ext" >"$t/$name.ext"
+	openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 \
+		-nodes -keyout "$t/$name.key" -out "$t/$name.csr" \
+		-subj "/CN=$cn" 2>/dev/null &&
+	openssl x509 -req -in "$t/$name.csr" -CA "$t/ca.crt" \
+		-CAkey "$t/ca.key" -set_serial "0x$(openssl rand -hex 8)" \
+		-days 825 -extfile "$t/$name.ext" -out "$t/$name.crt" \
+		2>/dev/null || die "openssl could not sign $name.crt"
+	rm -f "$t/$name.csr" "$t/$name.ext"
+}
+
+tls_ca() {
+	openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 \
+		-nodes -keyout "$2.key" -out "$2.crt" -days 825 -subj "/CN=$1" \
+		-addext "basicConstraints=critical,CA:TRUE" \
+		-addext "keyUsage=critical,keyCertSign,cRLSign" 2>/dev/null ||
+		die "openssl could not make $2.crt"
+}
+
+# A CA, a server certificate for localhost and 127.0.0.1, a client
+# certificate (CN=postgres, the database user it logs in as) and a second,
+# unrelated CA for tests that need the wrong one.  Keys are mode 0600.
+tls_certs() {
+	local t="$DIR/tls"
+	tls_on && return 0
+	command -v openssl >/dev/null || die "TLS mode needs openssl"
+	mkdir -p "$t"
+	chmod 700 "$t"
+	(
+		umask 077
+		tls_ca "outboxd test CA" "$t/ca"
+		tls_ca "outboxd other CA" "$t/other-ca"
+		rm -f "$t/other-ca.key"
+		tls_sign "$t" server localhost "$(printf '%s\n' \
+			"basicConstraints=critical,CA:FALSE" \
+			"keyUsage=critical,digitalSignature" \
+			"extendedKeyUsage=serverAuth" \
+			"subjectAltName=DNS:localhost,IP:127.0.0.1")"
+		# client.key last: its presence is what turns TLS mode on.
+		tls_sign "$t" client postgres "$(printf '%s\n' \
+			"basicConstraints=critical,CA:FALSE" \
+			"keyUsage=critical,digitalSignature" \
+			"extendedKeyUsage=clientAuth")"
+	) || exit 1
+	chmod 644 "$t"/*.crt
+	note "TLS certificates in $t"
+}
+
+# libpq settings for this script's own psql, createdb and pg_isready.
+tls_pg_env() {
+	export PGSSLMODE=verify-full PGSSLROOTCERT="$DIR/tls/ca.crt" \
+		PGSSLCERT="$DIR/tls/client.crt" PGSSLKEY="$DIR/tls/client.key"
+}
+
+tls_write_env() {
+	local t="$DIR/tls"
+	local ssl="sslmode=verify-full sslrootcert=$t/ca.crt sslcert=$t/client.crt sslkey=$t/client.key"
+	local conninfo="host=127.0.0.1 port=$PG_PORT dbname=outbox user=postgres $ssl"
+	cat >>"$DIR/env.sh" <<-EOF
+	# TLS mode: PostgreSQL takes only TLS with a client certificate.
+	export OUTBOXD_TLS_DIR='$t'
+	export OUTBOXD_AMQPS_PORT=$AMQPS_PORT
+	export OUTBOXD_REDIS_SOCKET='$DIR/redis/redis.sock'
+	export OUTBOXD_PG_CONNINFO='$conninfo'
+	export PGSSLMODE=verify-full PGSSLROOTCERT='$t/ca.crt'
+	export PGSSLCERT='$t/client.crt' PGSSLKEY='$t/client.key'
+	EOF
+	# RabbitMQ checks host names against DNS names only (rabbitmq-c
+	# 0.11), so the amqps node is "localhost", which the cert names.
+	cat >"$DIR/outboxd.yml" <<-EOF
+	# outboxd against the private servers in this directory, over TLS
+	# (written by tests/servers.sh; see config/outboxd.yml for every key).
+	postgres:
+	  conninfo: "$conninfo"
+	rabbitmq:
+	  nodes: ["localhost:$AMQPS_PORT"]
+	  tls:
+	    enabled: true
+	    ca_file: "$t/ca.crt"
+	    cert_file: "$t/client.crt"
+	    key_file: "$t/client.key"
+	redis:
+	  address: "unix:$DIR/redis/redis.sock"
+	relay:
+	  poll_interval: 5s
+	http:
+	  listen: "127.0.0.1:$HTTP_PORT"
+	EOF
+}
+
+# Turns TLS on in an initialised cluster: server key and certificate in
+# the data directory (owned by the server's user, as PostgreSQL wants),
+# client certificates required, plain TCP refused.  Returns 0 if it
+# changed anything.
+tls_pg_conf() {
+	local data=$1
+	grep -q '^# outboxd TLS' "$data/postgresql.conf" && return 1
+	install -m 600 "$DIR/tls/server.key" "$data/server.key"
+	install -m 644 "$DIR/tls/server.crt" "$data/server.crt"
+	install -m 644 "$DIR/tls/ca.crt" "$data/ca.crt"
+	if [ "$(id -u)" = 0 ]; then
+		chown postgres: "$data/server.key" "$data/server.crt" \
+			"$data/ca.crt"
+	fi
+	cat >>"$data/postgresql.conf" <<-EOF
+	# outboxd TLS (tests/servers.sh tls)
+	ssl = on
+	ssl_cert_file = 'server.crt'
+	ssl_key_file = 'server.key'
+	ssl_ca_file = 'ca.crt'
+	ssl_min_protocol_version = 'TLSv1.2'
+	EOF
+	cat >"$data/pg_hba.conf" <<-EOF
+	# TLS mode (tests/servers.sh): a client certificate whose CN is the
+	# user name; anything without TLS is refused.
+	hostssl   all all 127.0.0.1/32 cert
+	hostnossl all all 127.0.0.1/32 reject
+	EOF
+	if [ "$(id -u)" = 0 ]; then chown postgres: "$data/pg_hba.conf"; fi
+	return 0
 }
 
 # --- PostgreSQL ------------------------------------------------------------

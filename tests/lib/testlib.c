@@ -7,17 +7,22 @@
 #include <check.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <amqp.h>
 #include <amqp_tcp_socket.h>
+#include <hiredis/hiredis.h>
 
 const char *
 tl_env(const char *name)
@@ -525,7 +530,339 @@ tl_servers(const char *cmd, const char *service)
 	char line[1024];
 	const char *src = getenv("OUTBOXD_SRCDIR");
 
-	snprintf(line, sizeof(line), "%s/tests/servers.sh %s '%s' %s",
+	/* setsid: Check kills a test's process group when the test ends,
+	 * and a server started here must outlive the test. */
+	snprintf(line, sizeof(line), "setsid -w %s/tests/servers.sh %s '%s' %s",
 	    src ? src : ".", cmd, tl_env("OUTBOXD_SERVERS_DIR"), service);
 	ck_assert_msg(system(line) == 0, "failed: %s", line);
+}
+
+/* --- outboxd as a command, and its endpoints ----------------------------- */
+
+void
+tl_config_write(char *path, size_t size, const char *extra_yaml)
+{
+	static int cfg_seq;
+	FILE *f;
+
+	snprintf(path, size, "%s/cfg-%d-%d.yml", tl_env("OUTBOXD_SERVERS_DIR"),
+	    (int)getpid(), ++cfg_seq);
+	f = fopen(path, "w");
+	ck_assert_msg(f != NULL, "%s: %s", path, strerror(errno));
+	write_config(f, extra_yaml);
+	ck_assert_int_eq(fclose(f), 0);
+}
+
+pid_t
+tl_outboxd_start_file(const char *cfg_path)
+{
+	static int log_seq;
+	char logpath[512];
+	const char *bin = tl_env("OUTBOXD_BIN");
+	pid_t parent = getpid(), pid;
+	int slot = -1;
+
+	for (int i = 0; i < MAX_CHILDREN; i++)
+		if (children[i].pid == 0) {
+			slot = i;
+			break;
+		}
+	ck_assert_msg(slot >= 0, "too many outboxd children");
+	snprintf(logpath, sizeof(logpath), "%s/daemon-%d-%d.log",
+	    tl_env("OUTBOXD_SERVERS_DIR"), (int)parent, ++log_seq);
+	pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		int fd = open(logpath, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+
+		/* Dies with the test; the parent may be gone already. */
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		if (getppid() != parent)
+			_exit(127);
+		if (fd >= 0) {
+			dup2(fd, STDERR_FILENO);
+			dup2(fd, STDOUT_FILENO);
+			close(fd);
+		}
+		execl(bin, "outboxd", "-c", cfg_path, "run", (char *)NULL);
+		_exit(127);
+	}
+	children[slot].pid = pid;
+	snprintf(children[slot].log, sizeof(children[slot].log), "%s",
+	    logpath);
+	return pid;
+}
+
+int
+tl_outboxd_wait(pid_t pid, int timeout_ms)
+{
+	int64_t deadline = tl_ms() + timeout_ms;
+	int status;
+
+	for (;;) {
+		pid_t r = waitpid(pid, &status, WNOHANG);
+
+		if (r == pid) {
+			forget_child(pid);
+			return WIFEXITED(status) ? WEXITSTATUS(status) :
+			    128 + WTERMSIG(status);
+		}
+		if (r == -1 || tl_ms() >= deadline)
+			return -1;
+		nap_ms(10);
+	}
+}
+
+/* Whether sig's bit is set in a hexadecimal mask of /proc/PID/status. */
+static bool
+mask_has(const char *hex, int sig)
+{
+	unsigned long long mask = strtoull(hex, NULL, 16);
+
+	return (mask >> (sig - 1)) & 1ULL;
+}
+
+bool
+tl_signal_taken(pid_t pid, int sig, int timeout_ms)
+{
+	int64_t deadline = tl_ms() + timeout_ms;
+	char path[64], line[256];
+
+	snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+	for (;;) {
+		FILE *f = fopen(path, "r");
+		bool pending = false;
+
+		if (f == NULL)
+			return true;	/* gone: nothing is pending */
+		while (fgets(line, sizeof(line), f) != NULL) {
+			if (strncmp(line, "ShdPnd:", 7) == 0 &&
+			    mask_has(line + 7, sig))
+				pending = true;
+			if (strncmp(line, "SigPnd:", 7) == 0 &&
+			    mask_has(line + 7, sig))
+				pending = true;
+		}
+		fclose(f);
+		if (!pending)
+			return true;
+		if (tl_ms() >= deadline)
+			return false;
+		nap_ms(5);
+	}
+}
+
+/* Appends what fd has to buf[size] (keeping *len); false at EOF. */
+static bool
+drain_fd(int fd, char *buf, size_t size, size_t *len)
+{
+	char tmp[4096];
+	ssize_t n = read(fd, tmp, sizeof(tmp));
+
+	if (n < 0 && errno == EINTR)
+		return true;
+	if (n <= 0)
+		return false;
+	if (buf != NULL && size > 0) {
+		size_t room = size - 1 - *len;
+		size_t take = (size_t)n < room ? (size_t)n : room;
+
+		memcpy(buf + *len, tmp, take);
+		*len += take;
+		buf[*len] = '\0';
+	}
+	return true;
+}
+
+int
+tl_run(const char *const argv[], char *out, size_t outsz, char *err,
+    size_t errsz, int timeout_ms)
+{
+	int po[2], pe[2], status;
+	int64_t deadline = tl_ms() + timeout_ms;
+	size_t olen = 0, elen = 0;
+	bool oopen = true, eopen = true;
+	pid_t pid, parent = getpid();
+
+	if (out != NULL && outsz > 0)
+		out[0] = '\0';
+	if (err != NULL && errsz > 0)
+		err[0] = '\0';
+	ck_assert_int_eq(pipe(po), 0);
+	ck_assert_int_eq(pipe(pe), 0);
+	pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		if (getppid() != parent)
+			_exit(127);
+		dup2(po[1], STDOUT_FILENO);
+		dup2(pe[1], STDERR_FILENO);
+		close(po[0]);
+		close(po[1]);
+		close(pe[0]);
+		close(pe[1]);
+		execv(argv[0], (char *const *)argv);
+		_exit(127);
+	}
+	close(po[1]);
+	close(pe[1]);
+	while (oopen || eopen) {
+		struct pollfd pfd[2] = { { .fd = oopen ? po[0] : -1,
+			.events = POLLIN }, { .fd = eopen ? pe[0] : -1,
+			.events = POLLIN } };
+		int64_t left = deadline - tl_ms();
+
+		if (left <= 0)
+			break;
+		if (poll(pfd, 2, (int)left) <= 0)
+			continue;
+		if (pfd[0].revents != 0)
+			oopen = drain_fd(po[0], out, outsz, &olen);
+		if (pfd[1].revents != 0)
+			eopen = drain_fd(pe[0], err, errsz, &elen);
+	}
+	close(po[0]);
+	close(pe[0]);
+	for (;;) {
+		pid_t r = waitpid(pid, &status, WNOHANG);
+
+		if (r == pid)
+			return WIFEXITED(status) ? WEXITSTATUS(status) :
+			    128 + WTERMSIG(status);
+		if (tl_ms() >= deadline) {
+			kill(pid, SIGKILL);
+			waitpid(pid, NULL, 0);
+			return -1;
+		}
+		nap_ms(10);
+	}
+}
+
+int
+tl_outboxd_cli(char *out, size_t outsz, char *err, size_t errsz,
+    const char *cfg, ...)
+{
+	const char *argv[32];
+	const char *a;
+	size_t n = 0;
+	va_list ap;
+
+	argv[n++] = tl_env("OUTBOXD_BIN");
+	if (cfg != NULL) {
+		argv[n++] = "-c";
+		argv[n++] = cfg;
+	}
+	va_start(ap, cfg);
+	while ((a = va_arg(ap, const char *)) != NULL && n < 31)
+		argv[n++] = a;
+	va_end(ap);
+	argv[n] = NULL;
+	return tl_run(argv, out, outsz, err, errsz, 60000);
+}
+
+static int
+tcp_connect_local(int port)
+{
+	struct sockaddr_in sin = { .sin_family = AF_INET,
+		.sin_port = htons((uint16_t)port) };
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	if (fd == -1)
+		return -1;
+	sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	if (connect(fd, (struct sockaddr *)&sin, sizeof(sin)) == -1) {
+		close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+bool
+tl_port_open(int port)
+{
+	int fd = tcp_connect_local(port);
+
+	if (fd == -1)
+		return false;
+	close(fd);
+	return true;
+}
+
+int
+tl_http_get(int port, const char *path, char *body, size_t size)
+{
+	struct timeval tv = { 10, 0 };
+	char req[512], *resp, *sep;
+	size_t cap = 1 << 20, len = 0;
+	int fd, code = -1;
+	ssize_t n;
+
+	if (body != NULL && size > 0)
+		body[0] = '\0';
+	fd = tcp_connect_local(port);
+	if (fd == -1)
+		return -1;
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	/* HTTP/1.0 and Connection: close: the body ends at EOF. */
+	snprintf(req, sizeof(req), "GET %s HTTP/1.0\r\nHost: 127.0.0.1:%d\r\n"
+	    "Connection: close\r\n\r\n", path, port);
+	if (write(fd, req, strlen(req)) != (ssize_t)strlen(req)) {
+		close(fd);
+		return -1;
+	}
+	resp = malloc(cap);
+	ck_assert_ptr_nonnull(resp);
+	while (len < cap - 1 && (n = read(fd, resp + len, cap - 1 - len)) > 0)
+		len += (size_t)n;
+	resp[len] = '\0';
+	close(fd);
+	if (sscanf(resp, "HTTP/1.%*d %d", &code) != 1)
+		code = -1;
+	sep = strstr(resp, "\r\n\r\n");
+	if (sep != NULL && body != NULL && size > 0)
+		snprintf(body, size, "%s", sep + 4);
+	free(resp);
+	return code;
+}
+
+bool
+tl_redis_exists(const char *key)
+{
+	redisContext *c = redisConnect("127.0.0.1",
+	    atoi(tl_env("OUTBOXD_REDIS_PORT")));
+	redisReply *r;
+	bool exists;
+
+	ck_assert_msg(c != NULL && c->err == 0, "redis: %s", c ? c->errstr :
+	    "out of memory");
+	r = redisCommand(c, "EXISTS %s", key);
+	ck_assert_msg(r != NULL && r->type == REDIS_REPLY_INTEGER,
+	    "redis EXISTS: %s", r == NULL ? c->errstr : "unexpected reply");
+	exists = r->integer > 0;
+	freeReplyObject(r);
+	redisFree(c);
+	return exists;
+}
+
+void
+tl_rabbitmq_freeze(bool freeze)
+{
+	char path[512];
+	FILE *f;
+	int pid = 0;
+
+	snprintf(path, sizeof(path), "%s/rabbitmq/rabbitmq.pid",
+	    tl_env("OUTBOXD_SERVERS_DIR"));
+	f = fopen(path, "r");
+	if (f != NULL) {
+		if (fscanf(f, "%d", &pid) != 1)
+			pid = 0;
+		fclose(f);
+	}
+	if (!freeze && pid <= 0)
+		return;		/* not running: nothing to thaw */
+	ck_assert_msg(pid > 0, "no rabbitmq pid in %s", path);
+	ck_assert_msg(kill(pid, freeze ? SIGSTOP : SIGCONT) == 0 ||
+	    !freeze, "kill %d: %s", pid, strerror(errno));
 }

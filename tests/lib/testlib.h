@@ -84,4 +84,41 @@ int64_t tl_ms(void);
 /* Whether the log of a started outboxd contains needle. */
 bool tl_log_contains(pid_t, const char *needle);
 
+/* --- outboxd as a command, and its endpoints ----------------------------- */
+/* Writes a config like tl_outboxd_start's (same extra_yaml rules) to a new
+ * file in the servers directory; its path goes to path[size]. */
+void tl_config_write(char *path, size_t size, const char *extra_yaml);
+/* Starts `outboxd -c cfg_path run` like tl_outboxd_start (log file, same
+ * bookkeeping), and the child is killed if the test process dies, so a
+ * failed test cannot leave a daemon relaying behind the next one. */
+pid_t tl_outboxd_start_file(const char *cfg_path);
+/* Waits up to timeout_ms for a child started here to exit, without
+ * signalling it; returns the exit status (128 + signal when killed) or
+ * -1 when it is still running. */
+int tl_outboxd_wait(pid_t, int timeout_ms);
+/* Waits until sig sent to pid is no longer pending (its handler has
+ * run or is running); false on timeout. */
+bool tl_signal_taken(pid_t, int sig, int timeout_ms);
+/* Runs argv (argv[0] a path, NULL-terminated) with stdout and stderr
+ * captured into out and err (NUL-terminated, cut to fit; either may be
+ * NULL).  Returns the exit status, 128 + signal, or -1 after timeout_ms
+ * (the child is then killed). */
+int tl_run(const char *const argv[], char *out, size_t outsz, char *err,
+    size_t errsz, int timeout_ms);
+/* `$OUTBOXD_BIN -c cfg ARGS...` (NULL-terminated) through tl_run; cfg NULL
+ * leaves -c out. */
+int tl_outboxd_cli(char *out, size_t outsz, char *err, size_t errsz,
+    const char *cfg, ...) __attribute__((sentinel));
+/* GET http://127.0.0.1:port/path with a raw socket; the body goes to
+ * body[size].  Returns the status code, or -1 when the server cannot be
+ * reached or answers nonsense. */
+int tl_http_get(int port, const char *path, char *body, size_t size);
+/* Whether key exists in the private Redis (an independent client). */
+bool tl_redis_exists(const char *key);
+/* SIGSTOP (true) or SIGCONT (false) to the private RabbitMQ: a broker that
+ * accepts bytes and never answers.  Unfreezing a running one is a no-op. */
+void tl_rabbitmq_freeze(bool);
+/* Whether something accepts TCP connections on 127.0.0.1:port. */
+bool tl_port_open(int port);
+
 #endif
