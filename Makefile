@@ -143,3 +143,53 @@ format:
 
 clean:
 	rm -rf build
+
+# --- Fuzzing -----------------------------------------------------------------
+# libFuzzer targets for the parsers of outside input (tests/fuzz/), built
+# with clang and ASan + UBSan + LeakSanitizer from the daemon sources each
+# one needs (not from the gcc-built liboutboxd.a).  `make fuzz` shares
+# FUZZ_SECONDS (default 60) among them and fails on any crash, leak,
+# timeout or broken invariant; `make fuzz-long` gives them
+# FUZZ_LONG_SECONDS.  Needs clang and libclang-rt-14-dev (Debian 12).
+FUZZ_CC           ?= clang
+FUZZ_SECONDS      ?= 60
+FUZZ_LONG_SECONDS ?= 1800
+FUZZ_B            := build/fuzz
+# No -Werror: a warning only clang gives must not stop the fuzzers.
+FUZZ_CFLAGS := -g -O1 -std=c11 -D_GNU_SOURCE -DOUTBOXD_VERSION='"$(VERSION)"' \
+	$(filter-out -Werror,$(WARN)) -fsanitize=fuzzer,address,undefined \
+	-fno-sanitize-recover=all -fno-omit-frame-pointer \
+	-Idaemon -Itests/fuzz $(PKG_CFLAGS)
+FUZZ_TARGETS := config duration listen logquote backoff pgarray
+FUZZ_BINS    := $(FUZZ_TARGETS:%=$(FUZZ_B)/fuzz_%)
+FUZZ_DEPS    := $(wildcard daemon/*.h) tests/fuzz/fuzz.h Makefile
+
+# $(1) target, $(2) daemon sources, $(3) extra flags, $(4) libraries.
+define FUZZ_RULE
+$(FUZZ_B)/fuzz_$(1): tests/fuzz/fuzz_$(1).c $(2) $(FUZZ_DEPS)
+	@mkdir -p $(FUZZ_B)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) $(3) -o $$@ tests/fuzz/fuzz_$(1).c \
+		$(filter %.c,$(2)) $(4)
+endef
+
+FUZZ_HTTP := daemon/http.c daemon/metrics.c daemon/log.c daemon/util.c
+# config.c opens password files: -Dopen keeps the fuzzer in its sandbox.
+$(eval $(call FUZZ_RULE,config,daemon/config.c daemon/backoff.c \
+	$(FUZZ_HTTP),-Dopen=fuzz_open,-lyaml -lpq -lmicrohttpd -lm -lpthread))
+$(eval $(call FUZZ_RULE,duration,daemon/util.c,,))
+$(eval $(call FUZZ_RULE,listen,$(FUZZ_HTTP),,-lmicrohttpd -lm -lpthread))
+$(eval $(call FUZZ_RULE,logquote,daemon/log.c,,))
+$(eval $(call FUZZ_RULE,backoff,daemon/backoff.c,,-lm))
+# fuzz_pgarray.c includes daemon/store.c to reach its static decoder.
+$(eval $(call FUZZ_RULE,pgarray,daemon/backoff.c daemon/log.c \
+	daemon/util.c $(B)/gen/migrations.c,,-lpq -lm))
+$(FUZZ_B)/fuzz_pgarray: daemon/store.c
+
+.PHONY: fuzz fuzz-long fuzz-build
+fuzz-build: $(FUZZ_BINS)
+
+fuzz: $(FUZZ_BINS)
+	@tests/fuzz/run.sh $(FUZZ_SECONDS) $(FUZZ_BINS)
+
+fuzz-long: $(FUZZ_BINS)
+	@tests/fuzz/run.sh $(FUZZ_LONG_SECONDS) $(FUZZ_BINS)

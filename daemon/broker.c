@@ -9,7 +9,9 @@
 #include <amqp_framing.h>
 #include <amqp_ssl_socket.h>
 #include <amqp_tcp_socket.h>
+#include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -389,30 +391,101 @@ tcp_connect(const char *host, int port, int64_t timeout_ms, char *err,
 	return fd;
 }
 
+/*
+ * The system's trusted CAs on Debian (where OpenSSL's default file points).
+ * rabbitmq-c 0.11 never loads OpenSSL's default locations, so without
+ * rabbitmq.tls.ca_file no broker could pass verify_peer at all.
+ */
+#define SYSTEM_CA_FILE "/etc/ssl/certs/ca-certificates.crt"
+
+/* rabbitmq-c says only "a SSL error occurred" for a file it cannot load:
+ * open it first so that a missing or unreadable one says why. */
+static int WARN_UNUSED
+tls_file_check(struct broker *b, const char *key, const char *path)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+
+	if (fd == -1) {
+		set_err(b, "%s %s: %s", key, path, strerror(errno));
+		return -1;
+	}
+	close(fd);
+	return 0;
+}
+
 static int WARN_UNUSED
 tls_setup(struct broker *b, amqp_socket_t *sock)
 {
 	const struct broker_conf *c = &b->conf;
+	const char *ca = c->tls_ca_file, *key;
+	const char *what = "rabbitmq.tls.ca_file";
 	int st;
 
-	if (c->tls_ca_file != NULL &&
-	    (st = amqp_ssl_socket_set_cacert(sock, c->tls_ca_file)) != 0) {
-		set_err(b, "TLS CA file %s: %s", c->tls_ca_file,
-		    amqp_error_string2(st));
-		return -1;
+	if (ca == NULL && c->tls_verify_peer) {
+		ca = SYSTEM_CA_FILE;
+		what = "rabbitmq.tls.ca_file is unset and the system CAs";
 	}
-	if (c->tls_cert_file != NULL && (st = amqp_ssl_socket_set_key(sock,
-	    c->tls_cert_file, c->tls_key_file ? c->tls_key_file :
-	    c->tls_cert_file)) != 0) {
-		set_err(b, "TLS client certificate %s: %s", c->tls_cert_file,
-		    amqp_error_string2(st));
-		return -1;
+	if (ca != NULL) {
+		if (tls_file_check(b, what, ca) == -1)
+			return -1;
+		if ((st = amqp_ssl_socket_set_cacert(sock, ca)) != 0) {
+			set_err(b, "%s %s: no PEM certificate could be loaded "
+			    "(%s)", what, ca, amqp_error_string2(st));
+			return -1;
+		}
+	}
+	if (c->tls_cert_file != NULL) {
+		key = c->tls_key_file ? c->tls_key_file : c->tls_cert_file;
+		if (tls_file_check(b, "rabbitmq.tls.cert_file",
+		    c->tls_cert_file) == -1 ||
+		    tls_file_check(b, "rabbitmq.tls.key_file", key) == -1)
+			return -1;
+		if ((st = amqp_ssl_socket_set_key(sock, c->tls_cert_file,
+		    key)) != 0) {
+			set_err(b, "rabbitmq.tls.cert_file %s, key_file %s: "
+			    "cannot load them: not PEM, or the key does not "
+			    "match the certificate (%s)", c->tls_cert_file, key,
+			    amqp_error_string2(st));
+			return -1;
+		}
 	}
 	amqp_ssl_socket_set_verify_peer(sock, c->tls_verify_peer);
 	amqp_ssl_socket_set_verify_hostname(sock, c->tls_verify_hostname);
-	(void)amqp_ssl_socket_set_ssl_versions(sock, AMQP_TLSv1_2,
-	    AMQP_TLSvLATEST);
+	/* Failing here would leave TLS 1.0 and 1.1 allowed: refuse. */
+	if ((st = amqp_ssl_socket_set_ssl_versions(sock, AMQP_TLSv1_2,
+	    AMQP_TLSvLATEST)) != 0) {
+		set_err(b, "cannot limit TLS to 1.2 and later: %s",
+		    amqp_error_string2(st));
+		return -1;
+	}
 	return 0;
+}
+
+/* What to do about a failed TLS open, for the error message. */
+static const char *
+tls_open_hint(int st, const char *host)
+{
+	struct in6_addr a;
+
+	switch (st) {
+	case AMQP_STATUS_SSL_HOSTNAME_VERIFY_FAILED:
+		/* rabbitmq-c 0.11 compares DNS names (SAN, else CN) only. */
+		if (inet_pton(AF_INET, host, &a) == 1 ||
+		    inet_pton(AF_INET6, host, &a) == 1)
+			return "the certificate must list the node as a DNS "
+			    "name: rabbitmq-c never matches IP addresses, so "
+			    "name the node by a host name the certificate "
+			    "lists";
+		return "the broker's certificate does not name this host";
+	case AMQP_STATUS_SSL_PEER_VERIFY_FAILED:
+		return "the broker's certificate is not signed by a CA in "
+		    "rabbitmq.tls.ca_file (unset: the system's CAs), or has "
+		    "expired";
+	case AMQP_STATUS_SSL_CONNECTION_FAILED:
+		return "is the port an amqps (TLS) port?";
+	default:
+		return NULL;
+	}
 }
 
 /* Gives b->conn an open socket to node. */
@@ -449,7 +522,10 @@ open_socket(struct broker *b, const struct broker_node *node)
 		return -1;
 	st = amqp_socket_open_noblock(sock, node->host, node->port, &tv);
 	if (st != AMQP_STATUS_OK) {
-		set_err(b, "cannot connect (TLS): %s", amqp_error_string2(st));
+		const char *hint = tls_open_hint(st, node->host);
+
+		set_err(b, "cannot connect (TLS): %s%s%s",
+		    amqp_error_string2(st), hint ? ": " : "", hint ? hint : "");
 		return -1;
 	}
 	return 0;
@@ -485,6 +561,19 @@ login(struct broker *b)
 	    r.library_error == AMQP_STATUS_CONNECTION_CLOSED) {
 		set_err(b, "login failed: the broker closed the connection "
 		    "(wrong user, password or vhost?)");
+	} else if (r.reply_type == AMQP_RESPONSE_LIBRARY_EXCEPTION &&
+	    r.library_error == AMQP_STATUS_SSL_ERROR && c->tls) {
+		/* With TLS 1.3 a refused client certificate only shows
+		 * once the first AMQP bytes are read. */
+		set_err(b, "login failed: %s (did the broker refuse the "
+		    "client certificate? see rabbitmq.tls.cert_file)",
+		    amqp_error_string2(r.library_error));
+	} else if (r.reply_type == AMQP_RESPONSE_LIBRARY_EXCEPTION &&
+	    r.library_error == AMQP_STATUS_SOCKET_ERROR && !c->tls) {
+		/* A TLS listener drops a plain AMQP header this way. */
+		set_err(b, "login failed: %s (an amqps port? then set "
+		    "rabbitmq.tls.enabled)",
+		    amqp_error_string2(r.library_error));
 	} else {
 		set_err(b, "login failed: %s", r.reply_type ==
 		    AMQP_RESPONSE_LIBRARY_EXCEPTION ?

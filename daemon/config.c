@@ -885,7 +885,8 @@ value_set(struct config *c, const struct key *k, const char *s, char *why,
 		return 0;
 	}
 	case T_LISTEN: {
-		char *host;
+		char *host, herr[300];
+		size_t skip = strlen("http.listen ") + strlen(s) + 2;
 		int port;
 
 		if (*s != '\0') {
@@ -893,6 +894,16 @@ value_set(struct config *c, const struct key *k, const char *s, char *why,
 			    whysz) != 0)
 				return -1;
 			free(host);
+			/* The endpoint binds numeric addresses only: what it
+			 * would refuse at start-up is refused here, so that
+			 * `outboxd check` never passes it (found by
+			 * tests/fuzz/fuzz_config). */
+			if (http_listen_check(s, herr, sizeof(herr)) != 0) {
+				strfmt(why, whysz, "%s, got %s",
+				    strlen(herr) > skip ? herr + skip : herr,
+				    q);
+				return -1;
+			}
 		}
 		string_set(f, s, false);
 		return 0;
@@ -1201,7 +1212,10 @@ secret_file_read(const char *path, char *why, size_t whysz)
 	size_t len = 0;
 	int fd;
 
-	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+	/* O_NONBLOCK: opening a FIFO (which the check below refuses)
+	 * would otherwise wait for a writer forever.  Regular files
+	 * ignore it. */
+	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
 	if (fd == -1) {
 		strfmt(why, whysz, "cannot open the file: %s", strerror(errno));
 		return NULL;
@@ -1618,10 +1632,60 @@ config_free(struct config *c)
 	memset(c, 0, sizeof(*c));
 }
 
+/* Writes n bytes of s escaped as in a double-quoted YAML string, so that
+ * a dump is one line per key and never sends control bytes to a terminal. */
+static void
+escaped_write(FILE *out, const char *s, size_t n)
+{
+	for (size_t i = 0; i < n && s[i] != '\0'; i++) {
+		unsigned char ch = (unsigned char)s[i];
+
+		if (ch == '"' || ch == '\\')
+			fprintf(out, "\\%c", ch);
+		else if (ch < ' ' || ch == 0x7f)
+			fprintf(out, "\\x%02x", ch);
+		else
+			fputc(ch, out);
+	}
+}
+
+/* What libpq's keyword form takes for white space (isspace in "C"). */
+#define CONNINFO_SPACE	" \t\n\r\v\f"
+
+/* Whether the n bytes at k, %-decoded as libpq decodes URI parameter
+ * names, spell "password". */
+static bool
+uri_key_is_password(const char *k, size_t n)
+{
+	static const char want[] = "password";
+	size_t j = 0;
+
+	for (size_t i = 0; i < n; i++, j++) {
+		int ch = (unsigned char)k[i];
+
+		if (ch == '%' && i + 2 < n &&
+		    isxdigit((unsigned char)k[i + 1]) &&
+		    isxdigit((unsigned char)k[i + 2])) {
+			char hex[3] = { k[i + 1], k[i + 2], '\0' };
+
+			ch = (int)strtol(hex, NULL, 16);
+			i += 2;
+		}
+		if (j >= sizeof(want) - 1 || ch != want[j])
+			return false;
+	}
+	return j == sizeof(want) - 1;
+}
+
 /*
  * Writes a conninfo with any password replaced by <set>: both the
  * keyword form (password=x, password='a b') and the URI forms
- * (user:x@host, ?password=x).
+ * (user:x@host, ?password=x).  It splits the text the way libpq does;
+ * tests/fuzz/fuzz_config checks it against libpq's own parser, which
+ * found these: libpq ends the user info only at "/" (a password may hold
+ * "?" or "#"), decodes %-escapes in parameter names and ends a value at
+ * any white space, "\r" too.  The rest is escaped as string_dump does
+ * (a newline in the conninfo once split the dump's line).
  */
 static void
 conninfo_dump(FILE *out, const char *s)
@@ -1632,7 +1696,7 @@ conninfo_dump(FILE *out, const char *s)
 	if (strncmp(s, "postgresql://", 13) == 0 ||
 	    strncmp(s, "postgres://", 11) == 0) {
 		const char *auth = strstr(s, "://") + 3;
-		const char *end = auth + strcspn(auth, "/?#");
+		const char *end = auth + strcspn(auth, "/");
 		const char *at = NULL, *colon;
 
 		for (const char *c = auth; c < end; c++)
@@ -1640,37 +1704,43 @@ conninfo_dump(FILE *out, const char *s)
 				at = c;
 		colon = at ? memchr(auth, ':', (size_t)(at - auth)) : NULL;
 		if (colon != NULL) {
-			fprintf(out, "%.*s<set>", (int)(colon + 1 - s), s);
+			escaped_write(out, s, (size_t)(colon + 1 - s));
+			fputs("<set>", out);
 			p = at;
 		}
 		while (*p != '\0') {
-			if ((*p == '?' || *p == '&') &&
-			    strncmp(p + 1, "password=", 9) == 0) {
-				fprintf(out, "%cpassword=<set>", *p);
-				p += 10 + strcspn(p + 10, "&#");
+			const char *k = p + 1;
+			size_t klen = strcspn(k, "=&");
+
+			if ((*p == '?' || *p == '&') && k[klen] == '=' &&
+			    uri_key_is_password(k, klen)) {
+				escaped_write(out, p, klen + 2);
+				fputs("<set>", out);
+				p = k + klen + 1;
+				p += strcspn(p, "&");
 				continue;
 			}
-			fputc(*p++, out);
+			escaped_write(out, p++, 1);
 		}
 		fputs("\"\n", out);
 		return;
 	}
 	while (*p != '\0') {
-		const char *kw = p + strspn(p, " \t\n"), *v;
-		size_t kwlen = strcspn(kw, " \t\n=");
+		const char *kw = p + strspn(p, CONNINFO_SPACE), *v;
+		size_t kwlen = strcspn(kw, CONNINFO_SPACE "=");
 
-		fprintf(out, "%.*s", (int)(kw - p), p);
+		escaped_write(out, p, (size_t)(kw - p));
 		if (*kw == '\0')
 			break;
 		v = kw + kwlen;
-		v += strspn(v, " \t\n");
+		v += strspn(v, CONNINFO_SPACE);
 		if (*v != '=') {
 			/* Not keyword=value: print the rest untouched. */
-			fputs(kw, out);
+			escaped_write(out, kw, strlen(kw));
 			break;
 		}
 		v++;
-		v += strspn(v, " \t\n");
+		v += strspn(v, CONNINFO_SPACE);
 		p = v;
 		if (*p == '\'') {
 			for (p++; *p != '\0' && *p != '\''; p++)
@@ -1679,12 +1749,13 @@ conninfo_dump(FILE *out, const char *s)
 			if (*p == '\'')
 				p++;
 		} else {
-			p += strcspn(p, " \t\n");
+			p += strcspn(p, CONNINFO_SPACE);
 		}
+		escaped_write(out, kw, (size_t)(v - kw));
 		if (kwlen == 8 && strncmp(kw, "password", 8) == 0)
-			fprintf(out, "%.*s<set>", (int)(v - kw), kw);
+			fputs("<set>", out);
 		else
-			fprintf(out, "%.*s", (int)(p - kw), kw);
+			escaped_write(out, v, (size_t)(p - v));
 	}
 	fputs("\"\n", out);
 }
@@ -1693,16 +1764,7 @@ static void
 string_dump(FILE *out, const char *s)
 {
 	fputc('"', out);
-	for (; *s != '\0'; s++) {
-		unsigned char ch = (unsigned char)*s;
-
-		if (ch == '"' || ch == '\\')
-			fprintf(out, "\\%c", ch);
-		else if (ch < ' ' || ch == 0x7f)
-			fprintf(out, "\\x%02x", ch);
-		else
-			fputc(ch, out);
-	}
+	escaped_write(out, s, strlen(s));
 	fputc('"', out);
 }
 

@@ -209,6 +209,14 @@ prepare_message(struct relay *r, const struct outbox_row *row, size_t i,
 		    METRICS_FAIL_BAD_ROW);
 		return false;
 	}
+	if (*row->exchange_name == '\0' && *row->routing_key == '\0') {
+		/* The default exchange routes by queue name, and no queue
+		 * is named "": such a row could never be delivered. */
+		mark_failed(r, row, i, "no route: routing_key and queue_name "
+		    "are both empty on the default exchange", true,
+		    METRICS_FAIL_BAD_ROW);
+		return false;
+	}
 	if (!row->has_content) {
 		/* A producer that writes the two rows in separate
 		 * transactions may commit the content a moment later. */

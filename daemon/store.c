@@ -27,13 +27,15 @@
 /*
  * The claim, in two forms: every due row (the leader, or any instance in
  * single-active mode), or only rows never tried (non-leaders, which leave
- * retries to the leader's compensation).  $2 turns per-key ordering on.
+ * retries to the leader's compensation).  $2 turns per-key ordering on;
+ * an empty business_key is no key, as in the message headers.
  */
 #define CLAIM_SQL(extra) \
     "WITH due AS (" \
     " SELECT * FROM t_transactional_message m" \
     " WHERE " DUE_PREDICATE extra \
-    "  AND ($2 = false OR m.business_key IS NULL OR NOT EXISTS (" \
+    "  AND ($2 = false OR coalesce(m.business_key, '') = ''" \
+    "   OR NOT EXISTS (" \
     "   SELECT 1 FROM t_transactional_message o" \
     "   WHERE o.business_key = m.business_key AND o.id < m.id" \
     "    AND o.message_status IN (0, 2) AND NOT o.deleted))" \

@@ -76,8 +76,8 @@ load_ports() {
 	if [ -f "$DIR/ports" ]; then
 		# shellcheck disable=SC1091
 		. "$DIR/ports"
-		tls_on && tls_port
-		return
+		if tls_on; then tls_port; fi
+		return 0
 	fi
 	PG_PORT=$(pick_port)
 	AMQP_PORT=$(pick_port)
@@ -91,7 +91,7 @@ load_ports() {
 	REDIS_PORT=$REDIS_PORT
 	HTTP_PORT=$HTTP_PORT
 	EOF
-	tls_on && tls_port
+	if tls_on; then tls_port; fi
 	return 0
 }
 
@@ -122,7 +122,7 @@ write_env() {
 	http:
 	  listen: "127.0.0.1:$HTTP_PORT"
 	EOF
-	tls_on && tls_write_env
+	if tls_on; then tls_write_env; fi
 	return 0
 }
 
@@ -147,13 +147,15 @@ tls_port() {
 tls_sign() {
 	local t=$1 name=$2 cn=$3 ext=$4
 	printf '%s\n' "$ext" >"$t/$name.ext"
-	openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 \
+	if ! openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 \
 		-nodes -keyout "$t/$name.key" -out "$t/$name.csr" \
-		-subj "/CN=$cn" 2>/dev/null &&
-	openssl x509 -req -in "$t/$name.csr" -CA "$t/ca.crt" \
+		-subj "/CN=$cn" 2>/dev/null ||
+		! openssl x509 -req -in "$t/$name.csr" -CA "$t/ca.crt" \
 		-CAkey "$t/ca.key" -set_serial "0x$(openssl rand -hex 8)" \
 		-days 825 -extfile "$t/$name.ext" -out "$t/$name.crt" \
-		2>/dev/null || die "openssl could not sign $name.crt"
+		2>/dev/null; then
+		die "openssl could not sign $name.crt"
+	fi
 	rm -f "$t/$name.csr" "$t/$name.ext"
 }
 
@@ -297,6 +299,9 @@ start_pg() {
 		log_min_messages = warning
 		EOF
 	fi
+	if tls_on && tls_pg_conf "$data" && pg_ready; then
+		as_pg "$PG_BIN/pg_ctl" -D "$data" reload >/dev/null
+	fi
 	pg_ready && { note "postgres already running on $PG_PORT"; return; }
 	as_pg setsid "$PG_BIN/pg_ctl" -D "$data" -o "-p $PG_PORT" \
 		-l "$DIR/pg/postgres.log" -w -t "$DEADLINE_S" start >/dev/null ||
@@ -356,6 +361,25 @@ start_rabbitmq() {
 	vm_memory_high_watermark.relative = 0.2
 	disk_free_limit.absolute = 50MB
 	EOF
+	if tls_on; then
+		# The plain listener stays: tests and tools use it; verify_peer
+		# with fail_if_no_peer_cert wants a client certificate.
+		cat >>"$RABBITMQ_CONFIG_FILE.conf" <<-EOF
+		listeners.ssl.1 = 127.0.0.1:$AMQPS_PORT
+		ssl_options.cacertfile = $DIR/tls/ca.crt
+		ssl_options.certfile = $DIR/tls/server.crt
+		ssl_options.keyfile = $DIR/tls/server.key
+		ssl_options.verify = verify_peer
+		ssl_options.fail_if_no_peer_cert = true
+		ssl_options.versions.1 = tlsv1.3
+		ssl_options.versions.2 = tlsv1.2
+		EOF
+		# Started plain before TLS was asked for: restart it.
+		if ! port_in_use "$AMQPS_PORT" &&
+			rabbitctl status >/dev/null 2>&1; then
+			stop_rabbitmq
+		fi
+	fi
 	if rabbitctl status >/dev/null 2>&1; then
 		note "rabbitmq already running on $AMQP_PORT"
 		return
@@ -375,6 +399,10 @@ start_rabbitmq() {
 		sleep 0.2
 	done
 	note "rabbitmq ready on 127.0.0.1:$AMQP_PORT"
+	if tls_on; then
+		wait_for "rabbitmq amqps" port_in_use "$AMQPS_PORT"
+		note "rabbitmq amqps ready on 127.0.0.1:$AMQPS_PORT"
+	fi
 }
 
 stop_rabbitmq() {
@@ -408,10 +436,16 @@ start_redis() {
 		note "redis already running on $REDIS_PORT"
 		return
 	fi
+	local sock=()
+	# TLS mode: also a unix socket, the way docs/SECURITY.md recommends
+	# reaching Redis (hiredis 0.14 has no TLS).
+	if tls_on; then
+		sock=(--unixsocket "$DIR/redis/redis.sock" --unixsocketperm 700)
+	fi
 	redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --dir "$DIR/redis" \
 		--daemonize yes --pidfile "$DIR/redis/redis.pid" \
 		--logfile "$DIR/redis/redis.log" --save "" --appendonly no \
-		>/dev/null || die "redis-server did not start"
+		"${sock[@]}" >/dev/null || die "redis-server did not start"
 	wait_for "redis" redis_ready
 	note "redis ready on 127.0.0.1:$REDIS_PORT"
 }
@@ -441,12 +475,19 @@ cmd=$1
 mkdir -p "$2"
 DIR=$(cd "$2" && pwd)
 shift 2
+# TLS mode is asked for here, and only here; it then sticks to the DIR.
+if [ "$cmd" = tls ] ||
+	{ [ "$cmd" = start ] && [ "${OUTBOXD_TLS:-0}" = 1 ]; }; then
+	tls_certs
+	cmd=start
+fi
 services=("$@")
 [ ${#services[@]} -gt 0 ] || services=(pg rabbitmq redis)
 for s in "${services[@]}"; do
 	case "$s" in pg|rabbitmq|redis) ;; *) die "unknown server '$s'" ;; esac
 done
 load_ports
+if tls_on; then tls_pg_env; fi
 
 case "$cmd" in
 start)
@@ -458,6 +499,13 @@ stop)
 	for ((i = ${#services[@]} - 1; i >= 0; i--)); do
 		"stop_${services[$i]}"
 	done
+	# A suite may start servers of its own in a directory under DIR
+	# (check_tls does): stopping all of DIR stops them too.
+	if [ $# -eq 0 ]; then
+		for f in "$DIR"/*/ports; do
+			if [ -f "$f" ]; then "$0" stop "${f%/ports}" || true; fi
+		done
+	fi
 	;;
 restart)
 	for s in "${services[@]}"; do "stop_$s"; "start_$s"; done
@@ -471,6 +519,10 @@ status)
 		echo "rabbitmq: down"
 	redis_ready 2>/dev/null && echo "redis: up on $REDIS_PORT" ||
 		echo "redis: down"
+	if tls_on; then
+		port_in_use "$AMQPS_PORT" && echo "amqps: up on $AMQPS_PORT" ||
+			echo "amqps: down"
+	fi
 	;;
 *) usage ;;
 esac

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Runs the performance benchmark (issue 6, docs/PERFORMANCE.md): starts
+# private PostgreSQL (fsync and synchronous_commit on), RabbitMQ and Redis
+# in a temporary directory, applies the schema, runs bench/outbox_bench
+# and always stops the servers.
+#
+#   OUTBOXD_BIN=build/outboxd bench/run.sh [outbox_bench options]
+#   BENCH_ARGS=--quick make bench          (options through make)
+#
+# The table goes to stdout; progress and the machine's description go to
+# stderr.  KEEP_BENCH_DIR=1 keeps the directory (server and outboxd logs).
+set -euo pipefail
+
+: "${OUTBOXD_BIN:?set OUTBOXD_BIN to the outboxd binary}"
+OUTBOXD_BIN=$(cd "$(dirname "$OUTBOXD_BIN")" && pwd)/$(basename "$OUTBOXD_BIN")
+BENCH_BIN=${BENCH_BIN:-$(dirname "$OUTBOXD_BIN")/bench/outbox_bench}
+[ -x "$BENCH_BIN" ] || { echo "run.sh: $BENCH_BIN not built (make bench)" >&2; exit 1; }
+export OUTBOXD_BIN
+
+dir=$(mktemp -d "${TMPDIR:-/tmp}/outboxd-bench.XXXXXX")
+# The postgres user must be able to reach its data directory.
+chmod 755 "$dir"
+cleanup() {
+	tests/servers.sh stop "$dir" >/dev/null 2>&1 || true
+	if [ "${KEEP_BENCH_DIR:-0}" = 1 ]; then
+		echo "run.sh: bench directory kept: $dir" >&2
+	else
+		rm -rf "$dir"
+	fi
+}
+trap cleanup EXIT
+
+# Realistic durability: every commit reaches the disk.
+export OUTBOXD_PG_FSYNC=on OUTBOXD_PG_SYNC_COMMIT=on
+tests/servers.sh start "$dir" >&2
+# shellcheck disable=SC1091
+. "$dir/env.sh"
+"$OUTBOXD_BIN" -c "$dir/outboxd.yml" migrate >&2
+
+{
+	echo "== machine"
+	echo "nproc $(nproc); $(free -m | awk '/^Mem:/ { print $2 " MiB memory" }')"
+	echo "kernel $(uname -sr); $(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //')"
+	echo "load average $(cut -d' ' -f1-3 /proc/loadavg)"
+	echo "postgres $(psql -tAc 'SHOW server_version'), fsync $(psql -tAc 'SHOW fsync'), synchronous_commit $(psql -tAc 'SHOW synchronous_commit')"
+	echo "rabbitmq $(dpkg-query -W -f '${Version}' rabbitmq-server 2>/dev/null || echo '?'), erlang $(dpkg-query -W -f '${Version}' erlang-base 2>/dev/null || echo '?')"
+	echo "librabbitmq $(dpkg-query -W -f '${Version}' librabbitmq4 2>/dev/null || echo '?'), libpq $(dpkg-query -W -f '${Version}' libpq5 2>/dev/null || echo '?')"
+} >&2
+
+# shellcheck disable=SC2086
+"$BENCH_BIN" ${BENCH_ARGS:-} "$@"

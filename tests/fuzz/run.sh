@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Runs libFuzzer targets for a bounded time and fails on any crash, leak,
+# timeout or broken invariant.  Called by `make fuzz` and `make fuzz-long`.
+#
+#   tests/fuzz/run.sh SECONDS build/fuzz/fuzz_config build/fuzz/fuzz_...
+#
+# SECONDS is the total, shared by the targets in proportion to their
+# weight (the config parser, the largest, gets the most).  Each target
+# starts from its seeds in tests/fuzz/corpus/NAME/ plus what earlier runs
+# found (build/fuzz/corpus/NAME/, never written back to the repo).  A
+# failing input is left in build/fuzz/artifacts/; reproduce it with
+# `build/fuzz/fuzz_NAME FILE`, and add it to the seeds once it is fixed.
+set -uo pipefail
+
+[ $# -ge 2 ] || { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+total=$1
+shift
+out=build/fuzz
+
+weight() {
+	case "$1" in
+	config) echo 4 ;;
+	*) echo 1 ;;
+	esac
+}
+
+sum=0
+for bin in "$@"; do
+	name=${bin##*/fuzz_}
+	sum=$((sum + $(weight "$name")))
+done
+
+passed=0
+failed=()
+for bin in "$@"; do
+	name=${bin##*/fuzz_}
+	secs=$((total * $(weight "$name") / sum))
+	[ "$secs" -ge 1 ] || secs=1
+	seeds=tests/fuzz/corpus/$name
+	work=$out/corpus/$name
+	mkdir -p "$work" "$out/artifacts"
+	opts=(-max_total_time="$secs" -timeout=10 -rss_limit_mb=2048
+		-max_len=16384 -print_final_stats=1
+		-artifact_prefix="$out/artifacts/$name-")
+	[ -f "tests/fuzz/$name.dict" ] && opts+=(-dict="tests/fuzz/$name.dict")
+	echo "== fuzz_$name for ${secs}s"
+	# New inputs go to the first directory only: the seeds stay as
+	# they are.  The log is kept whole; the summary is shown.
+	if "$bin" "${opts[@]}" "$work" "$seeds" >"$out/$name.log" 2>&1; then
+		grep -E '^(Done|stat::number_of_executed_units|#[0-9]+ +DONE)' \
+			"$out/$name.log" | head -3
+		passed=$((passed + 1))
+	else
+		tail -40 "$out/$name.log"
+		echo "fuzz_$name FAILED (log: $out/$name.log)"
+		failed+=("$name")
+	fi
+done
+echo "fuzz: $passed passed, ${#failed[@]} failed"
+[ ${#failed[@]} -eq 0 ]

@@ -1,0 +1,630 @@
+/*
+ * Bad rows among good ones: each is recorded (message_status and
+ * last_error), permanent errors die at once, transient ones follow the
+ * backoff, and none crashes outboxd or holds up the good rows around it.
+ */
+#include <check.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <hiredis/hiredis.h>
+
+#include "testlib.h"
+
+#define GOOD "badrows.good"
+#define GOOD_PER_SIDE 10
+/* Short lock timings: a leader retries FAIL rows, so be one quickly. */
+#define BASE_YAML "redis.ttl: 3s\n"
+
+static PGconn *db;
+static struct tl_amqp *amqp;	/* consumes GOOD */
+static char uniq[32];		/* per test: fresh exchange names */
+
+/* Every delivery from GOOD in this test, by message id. */
+static long long *got;
+static size_t ngot, capgot;
+
+static void
+leader_key_delete(void)
+{
+	struct timeval tv = { 2, 0 };
+	redisContext *r = redisConnectWithTimeout("127.0.0.1",
+	    atoi(tl_env("OUTBOXD_REDIS_PORT")), tv);
+
+	/* A leader killed by an earlier suite leaves its key for a ttl;
+	 * no outboxd runs now, so nobody holds it. */
+	if (r != NULL && r->err == 0)
+		freeReplyObject(redisCommand(r, "DEL outboxd:leader"));
+	if (r != NULL)
+		redisFree(r);
+}
+
+static void
+setup(void)
+{
+	db = tl_pg();
+	tl_reset_db(db);
+	leader_key_delete();
+	amqp = tl_amqp_open();
+	tl_queue(amqp, GOOD, "", "");
+	tl_consume(amqp, GOOD);
+	ngot = 0;
+	snprintf(uniq, sizeof(uniq), "%d.%lld", (int)getpid(),
+	    (long long)time(NULL));
+}
+
+static void
+teardown(void)
+{
+	tl_amqp_close(amqp);
+	PQfinish(db);
+	free(got);
+	got = NULL;
+	ngot = capgot = 0;
+}
+
+/* --- rows and what became of them ---------------------------------------- */
+
+/* n good rows to GOOD (business_module 'good'). */
+static void
+good_rows(int n)
+{
+	tl_sql(db, "SELECT outbox_enqueue('', '" GOOD "', 'good ' || g, "
+	    "business_module => 'good') FROM generate_series(1, %d) g", n);
+}
+
+static void
+record(long long id)
+{
+	if (ngot == capgot) {
+		capgot = capgot ? capgot * 2 : 64;
+		got = realloc(got, capgot * sizeof(*got));
+		ck_assert_ptr_nonnull(got);
+	}
+	got[ngot++] = id;
+}
+
+static size_t
+times_received(long long id)
+{
+	size_t n = 0;
+
+	for (size_t i = 0; i < ngot; i++)
+		n += got[i] == id;
+	return n;
+}
+
+/* Takes what GOOD has for us until every id in ids[n] has come, or
+ * idle_ms passes with nothing new, or total_ms in all. */
+static void
+drain(const long long *ids, size_t n, int idle_ms, int total_ms)
+{
+	int64_t deadline = tl_ms() + total_ms;
+	struct tl_msg m;
+	size_t k = 0;
+
+	while (tl_ms() < deadline) {
+		while (k < n && times_received(ids[k]) > 0)
+			k++;
+		if (k == n || !tl_next(amqp, idle_ms, &m))
+			return;
+		record(m.message_id);
+		tl_msg_free(&m);
+	}
+}
+
+/*
+ * Every good row is SUCCESS and was received, however many there are;
+ * returns how many extra copies came (a channel closed by the broker
+ * resends what it had not confirmed: at-least-once).
+ */
+static long long
+assert_good_delivered(void)
+{
+	long long n = tl_sql_int(db, "SELECT count(*) FROM "
+	    "t_transactional_message WHERE business_module = 'good'");
+	long long dups = 0, *ids;
+	PGresult *res;
+
+	ck_assert_int_eq(tl_wait_sql_int(db, n, 30000, "SELECT count(*) FROM "
+	    "t_transactional_message WHERE business_module = 'good' AND "
+	    "message_status = 1"), n);
+	res = PQexec(db, "SELECT id FROM t_transactional_message WHERE "
+	    "business_module = 'good'");
+	ck_assert_int_eq(PQresultStatus(res), PGRES_TUPLES_OK);
+	ids = calloc((size_t)n + 1, sizeof(*ids));
+	ck_assert_ptr_nonnull(ids);
+	for (int i = 0; i < PQntuples(res); i++)
+		ids[i] = strtoll(PQgetvalue(res, i, 0), NULL, 10);
+	PQclear(res);
+	drain(ids, (size_t)n, 5000, 30000);
+	for (long long i = 0; i < n; i++) {
+		size_t k = times_received(ids[i]);
+
+		ck_assert_msg(k >= 1, "good row %lld never received", ids[i]);
+		dups += (long long)k - 1;
+	}
+	free(ids);
+	return dups;
+}
+
+/* The bad row's state: status and current_retry_times. */
+static void
+row_state(const char *key, int *status, int *retries)
+{
+	*status = (int)tl_sql_int(db, "SELECT message_status FROM "
+	    "t_transactional_message WHERE business_key = '%s'", key);
+	*retries = (int)tl_sql_int(db, "SELECT current_retry_times FROM "
+	    "t_transactional_message WHERE business_key = '%s'", key);
+}
+
+/* Waits for the row with business_key key to reach status with the
+ * given retry count (either -1: any); returns whether it did. */
+static bool
+wait_row(const char *key, int status, int retries, int timeout_ms)
+{
+	return tl_wait_sql_int(db, 1, timeout_ms, "SELECT count(*) FROM "
+	    "t_transactional_message WHERE business_key = '%s' AND "
+	    "(%d < 0 OR message_status = %d) AND (%d < 0 OR "
+	    "current_retry_times = %d)", key, status, status, retries,
+	    retries) == 1;
+}
+
+static char *
+last_error(const char *key, char *buf, size_t size)
+{
+	return tl_sql_text(db, buf, size, "SELECT coalesce(last_error, '') "
+	    "FROM t_transactional_message WHERE business_key = '%s'", key);
+}
+
+/* The row's status, retry count and last_error as expected. */
+static void
+assert_row(const char *key, int status, int retries, const char *error)
+{
+	char err[1024];
+	int st, n;
+
+	if (!wait_row(key, status, retries, 30000)) {
+		row_state(key, &st, &n);
+		ck_abort_msg("row %s: status %d retries %d (want %d, %d); "
+		    "last_error: %s", key, st, n, status, retries,
+		    last_error(key, err, sizeof(err)));
+	}
+	last_error(key, err, sizeof(err));
+	ck_assert_msg(error == NULL || strstr(err, error) != NULL,
+	    "row %s: last_error '%s' lacks '%s'", key, err, error);
+	row_state(key, &st, &n);
+	fprintf(stderr, "badrows: %s: status=%d retries=%d last_error=\"%s\"\n",
+	    key, st, n, err);
+}
+
+/* Milliseconds from the last mark to the next due time. */
+static long long
+scheduled_delay_ms(const char *key)
+{
+	return tl_sql_int(db, "SELECT (extract(epoch FROM next_schedule_time "
+	    "- edit_time) * 1000)::int8 FROM t_transactional_message WHERE "
+	    "business_key = '%s'", key);
+}
+
+static bool
+alive(pid_t pid)
+{
+	return waitpid(pid, NULL, WNOHANG) == 0;
+}
+
+/*
+ * The end of every case: outboxd still runs, and delivers good rows
+ * written now as it did before; then it stops cleanly.
+ */
+static void
+assert_still_serving(pid_t pid)
+{
+	long long dups;
+
+	ck_assert_msg(alive(pid), "outboxd died (log %s)",
+	    tl_outboxd_log(pid));
+	good_rows(GOOD_PER_SIDE);
+	dups = assert_good_delivered();
+	ck_assert_msg(alive(pid), "outboxd died (log %s)",
+	    tl_outboxd_log(pid));
+	fprintf(stderr, "badrows: good rows delivered, %lld duplicates\n",
+	    dups);
+	ck_assert_int_eq(tl_outboxd_stop(pid, 30000), 0);
+}
+
+/* Good rows, the bad row(s) from sql, good rows; outboxd started. */
+static pid_t
+start_with(const char *yaml, const char *sql)
+{
+	good_rows(GOOD_PER_SIDE);
+	tl_sql(db, "%s", sql);
+	good_rows(GOOD_PER_SIDE);
+	return tl_outboxd_start(yaml);
+}
+
+/* --- the cases ----------------------------------------------------------- */
+
+/*
+ * No content row: a plain INSERT of the message alone.  Transient (a
+ * producer writing the two rows in separate transactions may commit the
+ * content later): FAIL, retried on the backoff, DEAD once out of tries.
+ */
+START_TEST(test_no_content_row)
+{
+	pid_t pid = start_with(BASE_YAML, "INSERT INTO t_transactional_message "
+	    "(queue_name, business_key, max_retry_times, init_backoff) VALUES "
+	    "('" GOOD "', 'no-content', 3, '1 second')");
+
+	assert_row("no-content", 2, 1, "no content row");
+	ck_assert_int_eq(scheduled_delay_ms("no-content"), 1000);
+	assert_good_delivered();
+	/* Retried at 1 s, then 2 s later; the third failure is the last. */
+	assert_row("no-content", 2, 2, "no content row");
+	assert_row("no-content", 3, 3, "no content row");
+	assert_still_serving(pid);
+}
+END_TEST
+
+/*
+ * No route at all: the default exchange with neither routing_key nor
+ * queue_name.  No queue is named "", so this can never be delivered:
+ * permanent, DEAD at once.
+ */
+START_TEST(test_empty_routing)
+{
+	pid_t pid = start_with(BASE_YAML,
+	    "SELECT outbox_enqueue('', NULL, 'nowhere', business_key => "
+	    "'route-null');"
+	    "SELECT outbox_enqueue('', '', 'nowhere', business_key => "
+	    "'route-empty')");
+
+	assert_row("route-null", 3, 1, "no route");
+	assert_row("route-empty", 3, 1, "no route");
+	ck_assert_int_eq(tl_sql_int(db, "SELECT count(*) FROM "
+	    "t_transactional_message WHERE message_status = 3 AND "
+	    "next_schedule_time IS NULL"), 2);
+	assert_good_delivered();
+	assert_still_serving(pid);
+}
+END_TEST
+
+/*
+ * 5 MiB against the broker's max_message_size of 4 MiB (tests/servers.sh)
+ * with rabbitmq.max_payload at its 16 MiB default: outboxd sends it, the
+ * broker closes the channel, the row is rejected with the broker's
+ * words, and the good rows in the same batch go through.
+ */
+START_TEST(test_payload_over_broker_limit)
+{
+	int st, n;
+	pid_t pid = start_with(BASE_YAML,
+	    "SELECT outbox_enqueue('', '" GOOD "', "
+	    "convert_to(repeat('x', 5 * 1024 * 1024), 'UTF8'), "
+	    "business_key => 'broker-max', max_retry_times => 2, "
+	    "init_backoff => '200ms')");
+
+	ck_assert_msg(tl_wait_sql_int(db, 1, 30000, "SELECT count(*) FROM "
+	    "t_transactional_message WHERE business_key = 'broker-max' AND "
+	    "current_retry_times >= 1") == 1, "5 MiB row never tried");
+	row_state("broker-max", &st, &n);
+	{
+		char err[512];
+
+		fprintf(stderr, "badrows: broker-max: first failure: "
+		    "status=%d retries=%d last_error=\"%s\"\n", st, n,
+		    last_error("broker-max", err, sizeof(err)));
+	}
+	/* Out of retries at the latest after its second attempt. */
+	assert_row("broker-max", 3, -1, "4194304");
+	ck_assert(tl_log_contains(pid, "publish channel closed by the "
+	    "broker"));
+	assert_good_delivered();
+	ck_assert_int_eq(times_received(tl_sql_int(db, "SELECT id FROM "
+	    "t_transactional_message WHERE business_key = 'broker-max'")), 0);
+	assert_still_serving(pid);
+}
+END_TEST
+
+/* Above rabbitmq.max_payload: permanent, DEAD at once, never sent. */
+START_TEST(test_payload_over_max_payload)
+{
+	pid_t pid = start_with(BASE_YAML "rabbitmq.max_payload: 1MiB\n",
+	    "SELECT outbox_enqueue('', '" GOOD "', "
+	    "convert_to(repeat('y', 2 * 1024 * 1024), 'UTF8'), "
+	    "business_key => 'max-payload')");
+
+	assert_row("max-payload", 3, 1, "exceeds rabbitmq.max_payload");
+	assert_good_delivered();
+	/* Refused before sending: the broker never closed a channel. */
+	ck_assert(!tl_log_contains(pid, "publish channel closed"));
+	assert_still_serving(pid);
+}
+END_TEST
+
+/*
+ * An exchange that does not exist (NOT_FOUND): transient.  FAIL with
+ * the row's backoff; once the exchange is declared, a retry delivers.
+ */
+START_TEST(test_unknown_exchange)
+{
+	char sql[512], ex[128], q[128];
+	struct tl_msg m;
+	long long id;
+	pid_t pid;
+
+	snprintf(ex, sizeof(ex), "badrows.late.%s", uniq);
+	snprintf(q, sizeof(q), "badrows.late.%s", uniq);
+	snprintf(sql, sizeof(sql), "SELECT outbox_enqueue('%s', 'k', 'late', "
+	    "business_key => 'missing-exchange', max_retry_times => 10, "
+	    "init_backoff => '2s', backoff_factor => 1)", ex);
+	pid = start_with(BASE_YAML, sql);
+	assert_row("missing-exchange", 2, 1, "NOT_FOUND");
+	ck_assert_int_eq(scheduled_delay_ms("missing-exchange"), 2000);
+	assert_good_delivered();
+	/* Someone declares it: the next retry goes through. */
+	{
+		struct tl_amqp *a = tl_amqp_open();
+
+		tl_exchange(a, ex, "direct");
+		tl_queue(a, q, ex, "k");
+		tl_consume(a, q);
+		ck_assert_int_eq(tl_wait_sql_int(db, 1, 30000, "SELECT count(*) "
+		    "FROM t_transactional_message WHERE business_key = "
+		    "'missing-exchange' AND message_status = 1"), 1);
+		id = tl_sql_int(db, "SELECT id FROM t_transactional_message "
+		    "WHERE business_key = 'missing-exchange'");
+		ck_assert(tl_next(a, 10000, &m));
+		ck_assert_int_eq(m.message_id, id);
+		ck_assert_int_ge(m.attempt, 2);
+		fprintf(stderr, "badrows: missing-exchange delivered on attempt "
+		    "%d once declared\n", m.attempt);
+		tl_msg_free(&m);
+		tl_exchange_delete(a, ex);
+		tl_amqp_close(a);
+	}
+	assert_still_serving(pid);
+}
+END_TEST
+
+/* The exchange exists with another type (PRECONDITION_FAILED): FAIL
+ * with the broker's words, rescheduled. */
+START_TEST(test_wrong_exchange_type)
+{
+	struct tl_amqp *a = tl_amqp_open();
+	char sql[512], ex[128];
+	pid_t pid;
+
+	snprintf(ex, sizeof(ex), "badrows.direct.%s", uniq);
+	tl_exchange(a, ex, "direct");
+	snprintf(sql, sizeof(sql), "SELECT outbox_enqueue('%s', 'k', 'x', "
+	    "exchange_type => 'topic', business_key => 'wrong-type', "
+	    "init_backoff => '1 hour')", ex);
+	pid = start_with(BASE_YAML, sql);
+	assert_row("wrong-type", 2, 1, "PRECONDITION_FAILED");
+	ck_assert_int_eq(scheduled_delay_ms("wrong-type"), 3600000);
+	assert_good_delivered();
+	assert_still_serving(pid);
+	tl_exchange_delete(a, ex);
+	tl_amqp_close(a);
+}
+END_TEST
+
+/*
+ * Unusable per-row backoff (negative init_backoff, backoff_factor 0):
+ * the row is still retried, on the global defaults (10 s first delay),
+ * and last_error says its own values were ignored.
+ */
+START_TEST(test_unusable_row_backoff)
+{
+	char sql[1024];
+	pid_t pid;
+
+	snprintf(sql, sizeof(sql),
+	    "SELECT outbox_enqueue('badrows.none.%s', 'k', 'x', "
+	    "business_key => 'negative-backoff', init_backoff => '-5 seconds');"
+	    "SELECT outbox_enqueue('badrows.none.%s', 'k', 'x', "
+	    "business_key => 'zero-factor', init_backoff => '200ms', "
+	    "backoff_factor => 0)", uniq, uniq);
+	pid = start_with(BASE_YAML, sql);
+	assert_row("negative-backoff", 2, 1, "row backoff ignored");
+	assert_row("zero-factor", 2, 1, "row backoff ignored");
+	ck_assert_int_eq(scheduled_delay_ms("negative-backoff"), 10000);
+	ck_assert_int_eq(scheduled_delay_ms("zero-factor"), 10000);
+	assert_good_delivered();
+	assert_still_serving(pid);
+}
+END_TEST
+
+/* max_retry_times 0: never due, never sent; the leader's compensation
+ * marks it DEAD ("retries exhausted"). */
+START_TEST(test_max_retry_times_zero)
+{
+	pid_t pid = start_with(BASE_YAML, "SELECT outbox_enqueue('', '" GOOD
+	    "', 'never', business_key => 'no-retries', max_retry_times => 0)");
+	long long id = tl_sql_int(db, "SELECT id FROM t_transactional_message"
+	    " WHERE business_key = 'no-retries'");
+
+	assert_row("no-retries", 3, 0, "retries exhausted");
+	assert_good_delivered();
+	ck_assert_int_eq(times_received(id), 0);
+	assert_still_serving(pid);
+}
+END_TEST
+
+/* NULL next_schedule_time means due now: delivered. */
+START_TEST(test_null_next_schedule_time)
+{
+	pid_t pid = start_with(BASE_YAML, "WITH m AS (INSERT INTO "
+	    "t_transactional_message (queue_name, business_key, "
+	    "next_schedule_time) VALUES ('" GOOD "', 'null-schedule', NULL) "
+	    "RETURNING id) INSERT INTO t_transactional_message_content "
+	    "(message_id, content) SELECT id, 'due now' FROM m");
+	long long id = tl_sql_int(db, "SELECT id FROM t_transactional_message"
+	    " WHERE business_key = 'null-schedule'");
+
+	assert_row("null-schedule", 1, 0, NULL);
+	assert_good_delivered();
+	drain(&id, 1, 5000, 10000);
+	ck_assert_int_eq(times_received(id), 1);
+	assert_still_serving(pid);
+}
+END_TEST
+
+/*
+ * headers must be a JSON object: an array or a scalar is a malformed
+ * row, permanent, DEAD at once.  Text that is not JSON at all never
+ * gets that far: a jsonb column refuses it at INSERT.
+ */
+START_TEST(test_headers_not_an_object)
+{
+	PGresult *res;
+	pid_t pid;
+
+	res = PQexec(db, "INSERT INTO t_transactional_message (queue_name, "
+	    "headers) VALUES ('" GOOD "', '{not json')");
+	ck_assert_int_eq(PQresultStatus(res), PGRES_FATAL_ERROR);
+	/* invalid_text_representation */
+	ck_assert_str_eq(PQresultErrorField(res, PG_DIAG_SQLSTATE), "22P02");
+	fprintf(stderr, "badrows: invalid JSON refused at INSERT: %s",
+	    PQresultErrorMessage(res));
+	PQclear(res);
+	pid = start_with(BASE_YAML,
+	    "SELECT outbox_enqueue('', '" GOOD "', 'x', business_key => "
+	    "'headers-array', headers => '[1,2]');"
+	    "SELECT outbox_enqueue('', '" GOOD "', 'x', business_key => "
+	    "'headers-string', headers => '\"tenant\"')");
+	assert_row("headers-array", 3, 1, "headers must be a JSON object");
+	assert_row("headers-string", 3, 1, "headers must be a JSON object");
+	assert_good_delivered();
+	assert_still_serving(pid);
+}
+END_TEST
+
+/* Content that is not UTF-8 (with a NUL too): delivered byte for byte. */
+START_TEST(test_non_utf8_content)
+{
+	static const unsigned char want[] = { 0xff, 0xfe, 0x00, 0xc3, 0x28 };
+	pid_t pid = start_with(BASE_YAML, "SELECT outbox_enqueue('', '" GOOD
+	    "', '\\xfffe00c328'::bytea, business_key => 'binary', "
+	    "content_type => 'application/octet-stream')");
+	long long id = tl_sql_int(db, "SELECT id FROM t_transactional_message"
+	    " WHERE business_key = 'binary'");
+	struct tl_msg m;
+	bool seen = false;
+
+	assert_row("binary", 1, 0, NULL);
+	/* Read it ourselves to see the bytes. */
+	while (!seen && tl_next(amqp, 10000, &m)) {
+		if (m.message_id == id) {
+			ck_assert_uint_eq(m.body_len, sizeof(want));
+			ck_assert(memcmp(m.body, want, sizeof(want)) == 0);
+			ck_assert_str_eq(m.content_type,
+			    "application/octet-stream");
+			seen = true;
+		}
+		record(m.message_id);
+		tl_msg_free(&m);
+	}
+	ck_assert_msg(seen, "binary row never received");
+	assert_good_delivered();
+	assert_still_serving(pid);
+}
+END_TEST
+
+/*
+ * Everything at once, in the same batches as 100 good rows: the bad rows
+ * do not disturb one another either.  max_payload 6 MiB puts the 5 MiB
+ * row over the broker's limit and the 7 MiB one over ours.
+ */
+START_TEST(test_all_bad_rows_at_once)
+{
+	struct tl_amqp *a = tl_amqp_open();
+	char sql[4096], ex[128];
+	pid_t pid;
+
+	snprintf(ex, sizeof(ex), "badrows.direct.%s", uniq);
+	tl_exchange(a, ex, "direct");
+	good_rows(50);
+	snprintf(sql, sizeof(sql),
+	    "INSERT INTO t_transactional_message (queue_name, business_key) "
+	    " VALUES ('" GOOD "', 'no-content');"
+	    "SELECT outbox_enqueue('', NULL, 'x', business_key => 'route');"
+	    "SELECT outbox_enqueue('', '" GOOD "', convert_to(repeat('x', "
+	    " 5 * 1024 * 1024), 'UTF8'), business_key => 'broker-max');"
+	    "SELECT outbox_enqueue('', '" GOOD "', convert_to(repeat('x', "
+	    " 7 * 1024 * 1024), 'UTF8'), business_key => 'max-payload');"
+	    "SELECT outbox_enqueue('badrows.none.%s', 'k', 'x', "
+	    " business_key => 'missing-exchange');"
+	    "SELECT outbox_enqueue('%s', 'k', 'x', exchange_type => 'topic', "
+	    " business_key => 'wrong-type');"
+	    "SELECT outbox_enqueue('badrows.none.%s', 'k', 'x', "
+	    " business_key => 'negative-backoff', init_backoff => '-1s');"
+	    "SELECT outbox_enqueue('', '" GOOD "', 'x', max_retry_times => 0,"
+	    " business_key => 'no-retries');"
+	    "SELECT outbox_enqueue('', '" GOOD "', 'x', headers => '[1,2]',"
+	    " business_key => 'headers-array');"
+	    "SELECT outbox_enqueue('', '" GOOD "', '\\xff'::bytea,"
+	    " business_key => 'binary')", uniq, ex, uniq);
+	tl_sql(db, "%s", sql);
+	good_rows(50);
+	pid = tl_outboxd_start(BASE_YAML "relay.batch_size: 40\n"
+	    "rabbitmq.max_payload: 6MiB\n");
+	assert_row("no-content", 2, 1, "no content row");
+	assert_row("route", 3, 1, "no route");
+	/* Over the broker's limit: a channel close, then FAIL (or DEAD,
+	 * should broker.c come to call it permanent). */
+	ck_assert(wait_row("broker-max", 2, 1, 30000) ||
+	    wait_row("broker-max", 3, 1, 1000));
+	assert_row("broker-max", -1, 1, "4194304");
+	assert_row("max-payload", 3, 1, "exceeds rabbitmq.max_payload");
+	assert_row("missing-exchange", 2, 1, "NOT_FOUND");
+	assert_row("wrong-type", 2, 1, "PRECONDITION_FAILED");
+	assert_row("negative-backoff", 2, 1, "row backoff ignored");
+	assert_row("no-retries", 3, 0, "retries exhausted");
+	assert_row("headers-array", 3, 1, "headers must be a JSON object");
+	assert_row("binary", 1, 0, NULL);
+	fprintf(stderr, "badrows: all at once: %lld duplicates among the "
+	    "good rows\n", assert_good_delivered());
+	assert_still_serving(pid);
+	tl_exchange_delete(a, ex);
+	tl_amqp_close(a);
+}
+END_TEST
+
+int
+main(void)
+{
+	Suite *s = suite_create("badrows");
+	TCase *tc = tcase_create("badrows");
+	SRunner *sr;
+	int failed;
+
+	tcase_add_checked_fixture(tc, setup, teardown);
+	tcase_set_timeout(tc, 300);
+	tcase_add_test(tc, test_no_content_row);
+	tcase_add_test(tc, test_empty_routing);
+	tcase_add_test(tc, test_payload_over_broker_limit);
+	tcase_add_test(tc, test_payload_over_max_payload);
+	tcase_add_test(tc, test_unknown_exchange);
+	tcase_add_test(tc, test_wrong_exchange_type);
+	tcase_add_test(tc, test_unusable_row_backoff);
+	tcase_add_test(tc, test_max_retry_times_zero);
+	tcase_add_test(tc, test_null_next_schedule_time);
+	tcase_add_test(tc, test_headers_not_an_object);
+	tcase_add_test(tc, test_non_utf8_content);
+	tcase_add_test(tc, test_all_bad_rows_at_once);
+	suite_add_tcase(s, tc);
+	sr = srunner_create(s);
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed == 0 ? 0 : 1;
+}

@@ -1,0 +1,1052 @@
+/*
+ * The daemon as an operator meets it, against real servers: signals
+ * (graceful stop, second signal, shutdown alarm, reload), the command
+ * line, /metrics and /healthz, secrets kept out of every output, and
+ * logfmt on stderr.
+ */
+#include <check.h>
+#include <errno.h>
+#include <math.h>
+#include <regex.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "testlib.h"
+
+#define COUNT_STATUS(st) "SELECT count(*) FROM t_transactional_message " \
+	"WHERE message_status = " #st
+
+static PGconn *db;
+
+static void
+setup(void)
+{
+	/* A test that failed half-way may have left the broker frozen or
+	 * stopped: the next one starts from servers that answer. */
+	tl_rabbitmq_freeze(false);
+	if (!tl_port_open(atoi(tl_env("OUTBOXD_AMQP_PORT"))))
+		tl_servers("start", "rabbitmq");
+	db = tl_pg();
+	tl_reset_db(db);
+}
+
+static void
+teardown(void)
+{
+	PQfinish(db);
+}
+
+/* --- helpers ------------------------------------------------------------- */
+
+static char *
+slurp(const char *path)
+{
+	FILE *f = fopen(path, "r");
+	char *buf;
+	long len;
+
+	ck_assert_msg(f != NULL, "%s: %s", path, strerror(errno));
+	fseek(f, 0, SEEK_END);
+	len = ftell(f);
+	fseek(f, 0, SEEK_SET);
+	buf = calloc(1, (size_t)len + 1);
+	ck_assert_ptr_nonnull(buf);
+	if (len > 0)
+		ck_assert_int_eq(fread(buf, 1, (size_t)len, f), (size_t)len);
+	fclose(f);
+	return buf;
+}
+
+static void
+spit(const char *path, const char *text, mode_t mode)
+{
+	FILE *f = fopen(path, "w");
+
+	ck_assert_msg(f != NULL, "%s: %s", path, strerror(errno));
+	fputs(text, f);
+	ck_assert_int_eq(fclose(f), 0);
+	ck_assert_int_eq(chmod(path, mode), 0);
+}
+
+static int
+count_in(const char *text, const char *needle)
+{
+	int n = 0;
+
+	for (const char *p = text; (p = strstr(p, needle)) != NULL; p++)
+		n++;
+	return n;
+}
+
+/* Occurrences of needle in a log file (0 when it does not exist). */
+static int
+log_count(const char *path, const char *needle)
+{
+	char *text;
+	int n;
+
+	if (access(path, R_OK) != 0)
+		return 0;
+	text = slurp(path);
+	n = count_in(text, needle);
+	free(text);
+	return n;
+}
+
+/* Polls a log until needle occurs at least `want` times. */
+static bool
+wait_log(const char *path, const char *needle, int want, int timeout_ms)
+{
+	int64_t deadline = tl_ms() + timeout_ms;
+
+	while (log_count(path, needle) < want) {
+		if (tl_ms() >= deadline)
+			return false;
+		usleep(50 * 1000);
+	}
+	return true;
+}
+
+/* Every line is `ts=… level=(debug|info|warn|error) msg=…` plus
+ * key=value fields, values bare or quoted. */
+static void
+check_logfmt(const char *path)
+{
+	static const char *const re_text = "^ts=[0-9]{4}-[0-9]{2}-[0-9]{2}T"
+	    "[0-9]{2}:[0-9]{2}:[0-9]{2}(\\.[0-9]+)?Z "
+	    "level=(debug|info|warn|error) "
+	    "msg=(\"([^\"\\\\]|\\\\.)*\"|[^ \"=]+)"
+	    "( [A-Za-z_][A-Za-z0-9_.]*=(\"([^\"\\\\]|\\\\.)*\"|[^ \"=]*))*$";
+	regex_t re;
+	char *text = slurp(path), *line, *save = NULL;
+	int lines = 0;
+
+	ck_assert_int_eq(regcomp(&re, re_text, REG_EXTENDED | REG_NOSUB), 0);
+	for (line = strtok_r(text, "\n", &save); line != NULL;
+	    line = strtok_r(NULL, "\n", &save)) {
+		lines++;
+		ck_assert_msg(regexec(&re, line, 0, NULL, 0) == 0,
+		    "%s: line %d is not logfmt: %s", path, lines, line);
+	}
+	ck_assert_msg(lines > 0, "%s is empty", path);
+	regfree(&re);
+	free(text);
+}
+
+/* A private copy of a started daemon's log path, usable after it exits. */
+static char *
+log_of(pid_t pid)
+{
+	char *p = strdup(tl_outboxd_log(pid));
+
+	ck_assert_ptr_nonnull(p);
+	ck_assert_str_ne(p, "");
+	return p;
+}
+
+static long long
+enqueue(const char *queue, int n)
+{
+	tl_sql(db, "SELECT outbox_enqueue('', '%s', 'm ' || g) FROM "
+	    "generate_series(1, %d) g", queue, n);
+	return tl_sql_int(db, "SELECT max(id) FROM t_transactional_message");
+}
+
+/* Consumes until `want` distinct ids of [first, first + n) have been
+ * seen in counts, or idle_ms passes with nothing new; counts[id - first]
+ * += 1 for each.  Returns the deliveries. */
+static size_t
+receive(const char *queue, unsigned *counts, long long first, long long n,
+    long long want, int idle_ms)
+{
+	struct tl_amqp *a = tl_amqp_open();
+	struct tl_msg m;
+	size_t got = 0;
+	long long distinct = 0;
+
+	for (long long i = 0; i < n; i++)
+		if (counts[i] > 0)
+			distinct++;
+	tl_consume(a, queue);
+	while (distinct < want && tl_next(a, idle_ms, &m)) {
+		if (m.message_id >= first && m.message_id < first + n &&
+		    counts[m.message_id - first]++ == 0)
+			distinct++;
+		got++;
+		tl_msg_free(&m);
+	}
+	tl_amqp_close(a);
+	return got;
+}
+
+/* Every SUCCESS row among [first, first + n) was received. */
+static void
+assert_success_received(const unsigned *counts, long long first,
+    long long n)
+{
+	PGresult *res = PQexec(db, "SELECT id FROM t_transactional_message "
+	    "WHERE message_status = 1 ORDER BY id");
+
+	ck_assert_int_eq(PQresultStatus(res), PGRES_TUPLES_OK);
+	for (int i = 0; i < PQntuples(res); i++) {
+		long long id = strtoll(PQgetvalue(res, i, 0), NULL, 10);
+
+		ck_assert_msg(id >= first && id < first + n, "id %lld", id);
+		ck_assert_msg(counts[id - first] > 0,
+		    "row %lld is SUCCESS but was never received", id);
+	}
+	PQclear(res);
+}
+
+/* No row is left locked: FOR UPDATE NOWAIT over all of them succeeds
+ * (tl_sql aborts the test on "could not obtain lock"). */
+static void
+assert_nothing_locked(void)
+{
+	tl_sql(db, "SELECT count(*) FROM (SELECT id FROM "
+	    "t_transactional_message FOR UPDATE NOWAIT) s");
+}
+
+/* The value of the first sample line starting with `name ` (name may
+ * carry labels); NAN when there is none. */
+static double
+metric(const char *text, const char *name)
+{
+	size_t len = strlen(name);
+
+	for (const char *p = text; p != NULL && *p != '\0';) {
+		if (strncmp(p, name, len) == 0 && p[len] == ' ')
+			return strtod(p + len + 1, NULL);
+		p = strchr(p, '\n');
+		if (p != NULL)
+			p++;
+	}
+	return NAN;
+}
+
+static int
+http_port(void)
+{
+	return atoi(tl_env("OUTBOXD_HTTP_PORT"));
+}
+
+/* Scrapes /metrics until name reads want; returns the last value. */
+static double
+wait_metric(const char *name, double want, int timeout_ms)
+{
+	static char body[1 << 17];
+	int64_t deadline = tl_ms() + timeout_ms;
+	double v;
+
+	for (;;) {
+		v = tl_http_get(http_port(), "/metrics", body, sizeof(body))
+		    == 200 ? metric(body, name) : NAN;
+		if (v == want || tl_ms() >= deadline)
+			return v;
+		usleep(100 * 1000);
+	}
+}
+
+/* Polls /healthz until it answers `code`; its body goes to body. */
+static int
+wait_health(int code, char *body, size_t size, int timeout_ms)
+{
+	int64_t deadline = tl_ms() + timeout_ms;
+	int got;
+
+	for (;;) {
+		got = tl_http_get(http_port(), "/healthz", body, size);
+		if (got == code || tl_ms() >= deadline)
+			return got;
+		usleep(100 * 1000);
+	}
+}
+
+/* --- signals ------------------------------------------------------------- */
+
+/*
+ * SIGTERM while a backlog is being relayed: the batch in flight is
+ * finished, the lock released, exit 0; nothing is left locked, nothing is
+ * SUCCESS without having reached the broker, and a restart sends the rest.
+ */
+START_TEST(test_sigterm_finishes_the_batch)
+{
+	enum { N = 20000 };
+	const char *key = "dmn:leader:sigterm";
+	unsigned *counts = calloc(N, sizeof(*counts));
+	struct tl_amqp *a = tl_amqp_open();
+	long long first, sent, missing = 0;
+	char cfg[512], *log;
+	int64_t t0;
+	pid_t pid;
+	int st;
+
+	tl_queue(a, "dmn.drain", "", "");
+	tl_amqp_close(a);
+	first = enqueue("dmn.drain", N) - N + 1;
+	tl_config_write(cfg, sizeof(cfg), "relay.batch_size: 1000\n"
+	    "relay.shutdown_timeout: 20s\nredis.key: \"dmn:leader:sigterm\"\n");
+	pid = tl_outboxd_start_file(cfg);
+	log = log_of(pid);
+	/* Some but not all sent, and the lock held. */
+	ck_assert_int_eq(tl_wait_sql_int(db, -2, 60000, "SELECT CASE WHEN "
+	    "count(*) >= 1000 THEN -2 ELSE count(*) END FROM "
+	    "t_transactional_message WHERE message_status = 1"), -2);
+	ck_assert_msg(tl_redis_exists(key), "leader key %s not set", key);
+	t0 = tl_ms();
+	kill(pid, SIGTERM);
+	st = tl_outboxd_wait(pid, 25000);
+	fprintf(stderr, "sigterm: exit %d after %lld ms\n", st,
+	    (long long)(tl_ms() - t0));
+	ck_assert_int_eq(st, 0);
+	ck_assert_int_lt(tl_ms() - t0, 20000);
+	ck_assert_int_eq(log_count(log, "msg=\"outboxd stopped\""), 1);
+	ck_assert_int_eq(log_count(log, "msg=\"leader lock released\""), 1);
+	ck_assert_msg(!tl_redis_exists(key), "leader key %s left behind",
+	    key);
+	assert_nothing_locked();
+	sent = tl_sql_int(db, COUNT_STATUS(1));
+	fprintf(stderr, "sigterm: %lld of %d sent before the stop\n", sent, N);
+	ck_assert_int_lt(sent, N);
+	/* Nothing else happened to the rows: SUCCESS or untouched. */
+	ck_assert_int_eq(tl_sql_int(db, COUNT_STATUS(0)
+	    " AND current_retry_times = 0"), N - sent);
+	receive("dmn.drain", counts, first, N, sent, 5000);
+	assert_success_received(counts, first, N);
+	check_logfmt(log);
+	free(log);
+
+	/* A new instance sends the rest. */
+	pid = tl_outboxd_start_file(cfg);
+	log = log_of(pid);
+	ck_assert_int_eq(tl_wait_sql_int(db, N, 120000, COUNT_STATUS(1)), N);
+	ck_assert_int_eq(tl_outboxd_stop(pid, 25000), 0);
+	receive("dmn.drain", counts, first, N, N, 5000);
+	for (long long i = 0; i < N; i++)
+		if (counts[i] == 0)
+			missing++;
+	ck_assert_int_eq(missing, 0);
+	assert_success_received(counts, first, N);
+	ck_assert(!tl_redis_exists(key));
+	check_logfmt(log);
+	free(log);
+	free(counts);
+}
+END_TEST
+
+/*
+ * Starts a daemon (extra config in extra), freezes RabbitMQ and enqueues
+ * n rows: the daemon claims them all and waits for confirms that do not
+ * come.  Returns with the claim transaction open and every row locked.
+ */
+static pid_t
+start_stuck(const char *app, const char *extra, int n, char **log)
+{
+	struct tl_amqp *a = tl_amqp_open();
+	char cfg[512], yaml[1024];
+	pid_t pid;
+
+	tl_queue(a, "dmn.stuck", "", "");
+	tl_amqp_close(a);
+	snprintf(yaml, sizeof(yaml), "postgres.application_name: \"%s\"\n"
+	    "rabbitmq.confirm_timeout: 60s\nrelay.batch_size: 1000\n"
+	    "redis.key: \"dmn:leader:%s\"\n%s", app, app, extra);
+	tl_config_write(cfg, sizeof(cfg), yaml);
+	pid = tl_outboxd_start_file(cfg);
+	*log = log_of(pid);
+	ck_assert_msg(wait_log(*log, "msg=\"outboxd ready\"", 1, 30000),
+	    "outboxd did not become ready");
+	tl_rabbitmq_freeze(true);
+	enqueue("dmn.stuck", n);
+	ck_assert_int_eq(tl_wait_sql_int(db, 1, 20000, "SELECT count(*) FROM "
+	    "pg_stat_activity WHERE application_name = '%s' AND state = "
+	    "'idle in transaction'", app), 1);
+	/* Every row is held by the daemon's claim. */
+	ck_assert_int_eq(tl_sql_int(db, "SELECT count(*) FROM (SELECT id "
+	    "FROM t_transactional_message FOR UPDATE SKIP LOCKED) s"), 0);
+	return pid;
+}
+
+/* After a daemon died mid-batch: its session is gone, nothing was marked
+ * SUCCESS without a confirm, and a new daemon delivers every row. */
+static void
+recover_stuck(const char *app, int n)
+{
+	unsigned *counts = calloc((size_t)n, sizeof(*counts));
+	long long first;
+	char cfg[512], *log;
+	pid_t pid;
+
+	tl_rabbitmq_freeze(false);
+	ck_assert_int_eq(tl_wait_sql_int(db, 0, 20000, "SELECT count(*) FROM "
+	    "pg_stat_activity WHERE application_name = '%s'", app), 0);
+	assert_nothing_locked();
+	ck_assert_int_eq(tl_sql_int(db, COUNT_STATUS(1)), 0);
+	ck_assert_int_eq(tl_sql_int(db, COUNT_STATUS(0)
+	    " AND current_retry_times = 0"), n);
+	first = tl_sql_int(db, "SELECT min(id) FROM t_transactional_message");
+	tl_config_write(cfg, sizeof(cfg), NULL);
+	pid = tl_outboxd_start_file(cfg);
+	log = log_of(pid);
+	ck_assert_int_eq(tl_wait_sql_int(db, n, 60000, COUNT_STATUS(1)), n);
+	ck_assert_int_eq(tl_outboxd_stop(pid, 25000), 0);
+	receive("dmn.stuck", counts, first, n, n, 5000);
+	for (int i = 0; i < n; i++)
+		ck_assert_msg(counts[i] > 0, "row %lld never received",
+		    first + i);
+	check_logfmt(log);
+	free(log);
+	free(counts);
+}
+
+/* The first SIGTERM waits for the batch; a second one ends it now. */
+START_TEST(test_second_sigterm_exits_at_once)
+{
+	enum { N = 300 };
+	char *log;
+	int64_t t0;
+	pid_t pid;
+	int st;
+
+	pid = start_stuck("dmn-second", "relay.shutdown_timeout: 60s\n", N,
+	    &log);
+	kill(pid, SIGTERM);
+	ck_assert(tl_signal_taken(pid, SIGTERM, 5000));
+	/* Graceful: still waiting for the confirms of its batch. */
+	ck_assert_int_eq(tl_outboxd_wait(pid, 500), -1);
+	t0 = tl_ms();
+	kill(pid, SIGTERM);
+	st = tl_outboxd_wait(pid, 10000);
+	fprintf(stderr, "second sigterm: exit %d after %lld ms\n", st,
+	    (long long)(tl_ms() - t0));
+	ck_assert_int_ne(st, -1);
+	ck_assert_int_ne(st, 0);
+	ck_assert_int_lt(tl_ms() - t0, 3000);
+	ck_assert_int_eq(log_count(log, "msg=\"outboxd stopped\""), 0);
+	check_logfmt(log);
+	free(log);
+	recover_stuck("dmn-second", N);
+}
+END_TEST
+
+/* A batch that cannot finish within relay.shutdown_timeout: SIGALRM. */
+START_TEST(test_shutdown_timeout_ends_a_stuck_batch)
+{
+	enum { N = 200 };
+	char *log;
+	int64_t t0, took;
+	pid_t pid;
+	int st;
+
+	pid = start_stuck("dmn-alarm", "relay.shutdown_timeout: 2s\n", N,
+	    &log);
+	t0 = tl_ms();
+	kill(pid, SIGTERM);
+	st = tl_outboxd_wait(pid, 20000);
+	took = tl_ms() - t0;
+	fprintf(stderr, "shutdown timeout: exit %d after %lld ms\n", st,
+	    (long long)took);
+	ck_assert_int_eq(st, 128 + SIGALRM);
+	ck_assert_int_ge(took, 1500);
+	ck_assert_int_lt(took, 10000);
+	check_logfmt(log);
+	free(log);
+	recover_stuck("dmn-alarm", N);
+}
+END_TEST
+
+/* Replaces the file at path atomically with a config from extra_yaml. */
+static void
+rewrite_config(const char *path, const char *extra_yaml)
+{
+	char tmp[512];
+
+	tl_config_write(tmp, sizeof(tmp), extra_yaml);
+	ck_assert_int_eq(rename(tmp, path), 0);
+}
+
+static void
+rewrite_raw(const char *path, const char *text)
+{
+	char tmp[600];
+
+	snprintf(tmp, sizeof(tmp), "%s.new", path);
+	spit(tmp, text, 0644);
+	ck_assert_int_eq(rename(tmp, path), 0);
+}
+
+START_TEST(test_sighup_reload)
+{
+	struct tl_amqp *a = tl_amqp_open();
+	char cfg[512], *log;
+	long long first, last;
+	unsigned counts[64] = { 0 };
+	pid_t pid;
+
+	tl_queue(a, "dmn.reload", "", "");
+	tl_amqp_close(a);
+	tl_config_write(cfg, sizeof(cfg), "relay.batch_size: 100\n"
+	    "postgres.application_name: \"dmn-reload\"\n"
+	    "redis.key: \"dmn:leader:reload\"\n");
+	pid = tl_outboxd_start_file(cfg);
+	log = log_of(pid);
+	ck_assert(wait_log(log, "msg=\"outboxd ready\"", 1, 30000));
+	first = enqueue("dmn.reload", 5) - 4;
+	ck_assert_int_eq(tl_wait_sql_int(db, 5, 20000, COUNT_STATUS(1)), 5);
+	ck_assert_int_eq(log_count(log, "level=debug"), 0);
+
+	/* Reloadable keys: the level and the batch size change in place. */
+	rewrite_config(cfg, "log.level: debug\nrelay.batch_size: 7\n"
+	    "postgres.application_name: \"dmn-reload\"\n"
+	    "redis.key: \"dmn:leader:reload\"\n");
+	kill(pid, SIGHUP);
+	ck_assert(wait_log(log, "msg=\"config reloaded\"", 1, 20000));
+	ck_assert_int_eq(log_count(log, "config change needs a restart"), 0);
+	enqueue("dmn.reload", 20);
+	ck_assert_int_eq(tl_wait_sql_int(db, 25, 20000, COUNT_STATUS(1)), 25);
+	ck_assert(wait_log(log, "level=debug", 1, 10000));
+	/* Batches of the new size: 20 rows go out as 7 + 7 + 6. */
+	ck_assert_int_ge(log_count(log, " published=7 batch_us="), 2);
+	ck_assert_int_eq(log_count(log, " published=20 batch_us="), 0);
+
+	/* A broken file: errors logged, the old config stays. */
+	rewrite_raw(cfg, "relay:\n  batch_size: [\n");
+	kill(pid, SIGHUP);
+	ck_assert(wait_log(log, "reload failed, keeping the old config", 1,
+	    20000));
+	ck_assert_int_eq(log_count(log, "msg=\"config reloaded\""), 1);
+	last = enqueue("dmn.reload", 10);
+	ck_assert_int_eq(tl_wait_sql_int(db, 35, 20000, COUNT_STATUS(1)), 35);
+	ck_assert_int_ge(log_count(log, " published=7 batch_us="), 3);
+
+	/* A key that needs a restart: a warning, and the old value stays. */
+	rewrite_config(cfg, "log.level: debug\nrelay.batch_size: 7\n"
+	    "postgres.application_name: \"dmn-changed\"\n"
+	    "redis.key: \"dmn:leader:reload\"\n");
+	kill(pid, SIGHUP);
+	ck_assert(wait_log(log, "msg=\"config reloaded\"", 2, 20000));
+	ck_assert_int_eq(log_count(log, "msg=\"config change needs a "
+	    "restart\" key=postgres.application_name"), 1);
+	ck_assert_int_eq(tl_sql_int(db, "SELECT count(*) FROM "
+	    "pg_stat_activity WHERE application_name = 'dmn-changed'"), 0);
+	ck_assert_int_eq(tl_sql_int(db, "SELECT count(*) FROM "
+	    "pg_stat_activity WHERE application_name = 'dmn-reload'"), 1);
+
+	ck_assert_int_eq(tl_outboxd_stop(pid, 25000), 0);
+	receive("dmn.reload", counts, first, last - first + 1,
+	    last - first + 1, 5000);
+	for (long long i = 0; i <= last - first; i++)
+		ck_assert_msg(counts[i] > 0, "row %lld not received",
+		    first + i);
+	check_logfmt(log);
+	free(log);
+}
+END_TEST
+
+/* --- the command line ---------------------------------------------------- */
+
+START_TEST(test_check_config_and_usage)
+{
+	char good[512], bad[600], out[8192], err[8192], want[700];
+	const char *dir = tl_env("OUTBOXD_SERVERS_DIR");
+
+	tl_config_write(good, sizeof(good), "relay.batch_size: 250\n");
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    good, "-n", NULL), 0);
+	ck_assert_msg(strstr(out, "configuration OK") != NULL, "out: %s%s",
+	    out, err);
+	/* The documented `check -c FILE` form too. */
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    NULL, "check", "-c", good, NULL), 0);
+	ck_assert_msg(strstr(out, "configuration OK") != NULL, "out: %s%s",
+	    out, err);
+
+	/* Two problems, both reported with path:line:col. */
+	snprintf(bad, sizeof(bad), "%s/bad-%d.yml", dir, (int)getpid());
+	spit(bad, "relay:\n  batch_size: 0\n  no_such_key: 1\n", 0644);
+	ck_assert_int_ne(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    bad, "-n", NULL), 0);
+	ck_assert_msg(strstr(out, "configuration OK") == NULL &&
+	    strstr(err, "configuration OK") == NULL, "bad file passed");
+	strcat(out, err);
+	snprintf(want, sizeof(want), "%s:2:15: relay.batch_size", bad);
+	ck_assert_msg(strstr(out, want) != NULL, "no %s in: %s", want, out);
+	snprintf(want, sizeof(want), "%s:3:3: unknown key", bad);
+	ck_assert_msg(strstr(out, want) != NULL, "no %s in: %s", want, out);
+	/* `run` refuses it as well, at once. */
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    bad, "run", NULL), 2);
+
+	/* Usage errors are 2. */
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    good, "frobnicate", NULL), 2);
+	ck_assert_msg(strstr(err, "unknown command") != NULL, "err: %s", err);
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    good, "-Z", NULL), 2);
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    good, "replay", NULL), 2);
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    good, "replay", "abc", NULL), 2);
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    good, "purge", "--older-than", "soon", NULL), 2);
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    good, "dead", "--limit", "0", NULL), 2);
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    good, "-h", NULL), 0);
+	ck_assert_msg(strstr(out, "usage:") != NULL, "out: %s", out);
+	/* A runtime error (nothing listens there) is 1, not 2. */
+	snprintf(bad, sizeof(bad), "%s/down-%d.yml", dir, (int)getpid());
+	spit(bad, "postgres:\n  conninfo: \"host=127.0.0.1 port=1 "
+	    "dbname=outbox connect_timeout=2\"\n", 0644);
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    bad, "status", NULL), 1);
+}
+END_TEST
+
+/* The value after "label:" in `outboxd status` output. */
+static double
+status_value(const char *out, const char *label)
+{
+	const char *p = strstr(out, label);
+
+	ck_assert_msg(p != NULL, "no '%s' in: %s", label, out);
+	return strtod(p + strlen(label), NULL);
+}
+
+START_TEST(test_cli_status_dead_replay_purge_migrate)
+{
+	static char out[65536], err[65536];
+	struct tl_amqp *a = tl_amqp_open();
+	struct tl_msg m;
+	char cfg[512], id[32];
+	long long dead1, dead2, sent_id, total;
+	pid_t pid;
+	double age;
+
+	tl_queue(a, "dmn.cli", "", "");
+	tl_consume(a, "dmn.cli");
+	/* 3 due PENDING (the oldest 90 s overdue), 2 FAIL not yet due,
+	 * 4 SUCCESS (2 of them old), 2 DEAD. */
+	enqueue("dmn.cli", 11);
+	tl_sql(db, "WITH r AS (SELECT id, row_number() OVER (ORDER BY id) n "
+	    "FROM t_transactional_message) UPDATE t_transactional_message t "
+	    "SET message_status = CASE WHEN n <= 3 THEN 0 WHEN n <= 5 THEN 2 "
+	    "WHEN n <= 9 THEN 1 ELSE 3 END, "
+	    "next_schedule_time = CASE WHEN n = 1 THEN now() - interval "
+	    "'90 seconds' WHEN n <= 3 THEN now() WHEN n <= 5 THEN now() + "
+	    "interval '1 day' ELSE NULL END, "
+	    "current_retry_times = CASE WHEN n IN (4, 5) THEN 1 WHEN n >= 10 "
+	    "THEN 5 ELSE 0 END, "
+	    "edit_time = CASE WHEN n IN (6, 7) THEN now() - interval '3 days' "
+	    "ELSE now() END, "
+	    "last_error = CASE WHEN n >= 10 THEN 'rejected: 404 NOT_FOUND "
+	    "dmn-' || t.id ELSE NULL END "
+	    "FROM r WHERE r.id = t.id");
+	dead1 = tl_sql_int(db, "SELECT min(id) FROM t_transactional_message "
+	    "WHERE message_status = 3");
+	dead2 = dead1 + 1;
+	sent_id = tl_sql_int(db, "SELECT max(id) FROM t_transactional_message "
+	    "WHERE message_status = 1");
+	tl_config_write(cfg, sizeof(cfg), NULL);
+
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    cfg, "status", NULL), 0);
+	ck_assert_int_eq(status_value(out, "pending:"), tl_sql_int(db,
+	    "SELECT count(*) FROM t_transactional_message WHERE "
+	    "message_status IN (0, 2)"));
+	ck_assert_int_eq(status_value(out, "pending:"), 5);
+	ck_assert_int_eq(status_value(out, "due now:"), 3);
+	ck_assert_int_eq(status_value(out, "dead:"), 2);
+	ck_assert_int_eq(status_value(out, "sent:"), 4);
+	age = status_value(out, "oldest due age:");
+	ck_assert_msg(age >= 89 && age < 300, "oldest due age %f", age);
+
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    cfg, "dead", NULL), 0);
+	ck_assert_int_eq(count_in(out, "\n"), 3);	/* header + 2 rows */
+	for (long long d = dead1; d <= dead2; d++) {
+		char want[128];
+
+		snprintf(want, sizeof(want), "\n%lld\t", d);
+		ck_assert_msg(strstr(out, want) != NULL, "no row %lld: %s", d,
+		    out);
+		snprintf(want, sizeof(want), "rejected: 404 NOT_FOUND dmn-%lld",
+		    d);
+		ck_assert_msg(strstr(out, want) != NULL, "no error: %s", out);
+	}
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    cfg, "dead", "--limit", "1", NULL), 0);
+	ck_assert_int_eq(count_in(out, "\n"), 2);
+
+	/* Not dead, or no such row: exit 1, nothing changed. */
+	snprintf(id, sizeof(id), "%lld", sent_id);
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    cfg, "replay", id, NULL), 1);
+	ck_assert_msg(strstr(out, "0 rows replayed") != NULL, "out: %s", out);
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    cfg, "replay", "999999999", NULL), 1);
+	ck_assert_int_eq(tl_sql_int(db, COUNT_STATUS(1)), 4);
+	ck_assert_int_eq(tl_sql_int(db, COUNT_STATUS(3)), 2);
+
+	/* Replay one dead row with a daemon running: it is delivered. */
+	pid = tl_outboxd_start_file(cfg);
+	/* The 3 due rows go out first. */
+	ck_assert_int_eq(tl_wait_sql_int(db, 7, 30000, COUNT_STATUS(1)), 7);
+	for (int i = 0; i < 3; i++) {
+		ck_assert(tl_next(a, 10000, &m));
+		tl_msg_free(&m);
+	}
+	snprintf(id, sizeof(id), "%lld", dead1);
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    cfg, "replay", id, NULL), 0);
+	ck_assert_msg(strstr(out, "1 row replayed") != NULL, "out: %s", out);
+	ck_assert(tl_next(a, 10000, &m));
+	ck_assert_int_eq(m.message_id, dead1);
+	tl_msg_free(&m);
+	ck_assert_int_eq(tl_wait_sql_int(db, 1, 10000, "SELECT count(*) FROM "
+	    "t_transactional_message WHERE id = %lld AND message_status = 1",
+	    dead1), 1);
+	ck_assert_int_eq(tl_sql_int(db, COUNT_STATUS(3)), 1);
+
+	/* --all takes the rest. */
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    cfg, "replay", "--all", NULL), 0);
+	ck_assert_msg(strstr(out, "1 row replayed") != NULL, "out: %s", out);
+	ck_assert(tl_next(a, 10000, &m));
+	ck_assert_int_eq(m.message_id, dead2);
+	tl_msg_free(&m);
+	ck_assert_int_eq(tl_wait_sql_int(db, 9, 10000, COUNT_STATUS(1)), 9);
+	ck_assert_int_eq(tl_sql_int(db, COUNT_STATUS(3)), 0);
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    cfg, "replay", "--all", NULL), 0);
+	ck_assert_msg(strstr(out, "0 rows replayed") != NULL, "out: %s", out);
+	ck_assert_int_eq(tl_outboxd_stop(pid, 25000), 0);
+	/* The FAIL rows were not due: untouched. */
+	ck_assert_int_eq(tl_sql_int(db, COUNT_STATUS(2)
+	    " AND current_retry_times = 1"), 2);
+
+	/* Purge: only the two old SUCCESS rows, and their content. */
+	total = tl_sql_int(db, "SELECT count(*) FROM t_transactional_message");
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    cfg, "purge", "--older-than", "1d", NULL), 0);
+	ck_assert_msg(strstr(out, "2 sent rows purged") != NULL, "out: %s",
+	    out);
+	ck_assert_int_eq(tl_sql_int(db, "SELECT count(*) FROM "
+	    "t_transactional_message"), total - 2);
+	ck_assert_int_eq(tl_sql_int(db, "SELECT count(*) FROM "
+	    "t_transactional_message WHERE edit_time < now() - interval "
+	    "'1 day'"), 0);
+	ck_assert_int_eq(tl_sql_int(db, "SELECT count(*) FROM "
+	    "t_transactional_message_content"), total - 2);
+	ck_assert_int_eq(tl_sql_int(db, "SELECT count(*) FROM "
+	    "t_transactional_message_content c WHERE NOT EXISTS (SELECT 1 "
+	    "FROM t_transactional_message t WHERE t.id = c.message_id)"), 0);
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    cfg, "purge", "--older-than", "1d", NULL), 0);
+	ck_assert_msg(strstr(out, "0 sent rows purged") != NULL, "out: %s",
+	    out);
+
+	/* migrate twice: harmless, the rows stay. */
+	for (int i = 0; i < 2; i++) {
+		ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err,
+		    sizeof(err), cfg, "migrate", NULL), 0);
+		ck_assert_msg(strstr(out, "schema up to date") != NULL,
+		    "out: %s", out);
+	}
+	ck_assert_int_eq(tl_sql_int(db, "SELECT count(*) FROM "
+	    "t_transactional_message"), total - 2);
+	tl_amqp_close(a);
+}
+END_TEST
+
+/* --- /metrics and /healthz ----------------------------------------------- */
+
+START_TEST(test_metrics_and_health)
+{
+	enum { N = 30 };
+	static char body[1 << 17];
+	struct tl_amqp *a = tl_amqp_open();
+	struct tl_msg m;
+	char cfg[512], yaml[512], health[256], *log;
+	long long id;
+	pid_t pid;
+
+	tl_queue(a, "dmn.metrics", "", "");
+	tl_amqp_close(a);
+	enqueue("dmn.metrics", N);
+	/* One row to an exchange that does not exist, with one try. */
+	tl_sql(db, "SELECT outbox_enqueue('dmn.no-such-exchange', 'k', 'x', "
+	    "max_retry_times => 1)");
+	snprintf(yaml, sizeof(yaml), "http.listen: \"127.0.0.1:%d\"\n"
+	    "redis.key: \"dmn:leader:metrics\"\nrelay.poll_interval: 1s\n",
+	    http_port());
+	tl_config_write(cfg, sizeof(cfg), yaml);
+	pid = tl_outboxd_start_file(cfg);
+	log = log_of(pid);
+	ck_assert_int_eq(tl_wait_sql_int(db, N, 30000, COUNT_STATUS(1)), N);
+	ck_assert_int_eq(tl_wait_sql_int(db, 1, 30000, COUNT_STATUS(3)), 1);
+
+	ck_assert_double_eq(wait_metric("outboxd_messages_published_total", N,
+	    10000), N);
+	ck_assert_double_eq(wait_metric("outboxd_leader", 1, 10000), 1);
+	/* The gauges come from the leader's counts, every poll_interval. */
+	ck_assert_double_eq(wait_metric("outboxd_rows_dead", 1, 10000), 1);
+	ck_assert_int_eq(tl_http_get(http_port(), "/metrics", body,
+	    sizeof(body)), 200);
+	ck_assert_double_eq(metric(body,
+	    "outboxd_messages_published_total"), N);
+	ck_assert_double_ge(metric(body, "outboxd_messages_dead_total"), 1);
+	ck_assert_double_ge(metric(body, "outboxd_messages_failed_total"
+	    "{reason=\"rejected\"}"), 1);
+	ck_assert_double_eq(metric(body, "outboxd_connection_up"
+	    "{server=\"postgres\"}"), 1);
+	ck_assert_double_eq(metric(body, "outboxd_connection_up"
+	    "{server=\"rabbitmq\"}"), 1);
+	ck_assert_double_eq(metric(body, "outboxd_connection_up"
+	    "{server=\"redis\"}"), 1);
+	ck_assert_double_eq(metric(body, "outboxd_leader_backend"
+	    "{backend=\"redis\"}"), 1);
+	ck_assert_double_eq(metric(body, "outboxd_rows_pending"), 0);
+	ck_assert_msg(strstr(body, "\noutboxd_build_info{version=\"") !=
+	    NULL, "no build_info in:\n%s", body);
+	ck_assert_msg(strstr(body, "# TYPE outboxd_batch_duration_seconds "
+	    "histogram\n") != NULL, "no histogram type:\n%s", body);
+	ck_assert_msg(strstr(body, "\noutboxd_batch_duration_seconds_bucket"
+	    "{le=\"+Inf\"} ") != NULL, "no +Inf bucket:\n%s", body);
+	ck_assert_double_ge(metric(body,
+	    "outboxd_batch_duration_seconds_count"), 1);
+	ck_assert_double_ge(metric(body, "outboxd_confirm_duration_seconds"
+	    "_count"), 1);
+	ck_assert(!isnan(metric(body, "outboxd_batch_duration_seconds_sum")));
+	ck_assert_int_eq(tl_http_get(http_port(), "/healthz", health,
+	    sizeof(health)), 200);
+	ck_assert_str_eq(health, "ok\n");
+	ck_assert_int_eq(tl_http_get(http_port(), "/nope", health,
+	    sizeof(health)), 404);
+
+	/* RabbitMQ goes away: unhealthy, naming it. */
+	tl_servers("stop", "rabbitmq");
+	ck_assert_int_eq(wait_health(503, health, sizeof(health), 30000), 503);
+	ck_assert_msg(strstr(health, "rabbitmq") != NULL, "reason: %s",
+	    health);
+	ck_assert_double_eq(wait_metric("outboxd_connection_up"
+	    "{server=\"rabbitmq\"}", 0, 10000), 0);
+	ck_assert_double_eq(wait_metric("outboxd_connection_up"
+	    "{server=\"postgres\"}", 1, 10000), 1);
+
+	/* Back: healthy again and delivering. */
+	tl_servers("start", "rabbitmq");
+	ck_assert_int_eq(wait_health(200, health, sizeof(health), 60000), 200);
+	ck_assert_double_eq(wait_metric("outboxd_connection_up"
+	    "{server=\"rabbitmq\"}", 1, 10000), 1);
+	a = tl_amqp_open();
+	tl_consume(a, "dmn.metrics");
+	/* Drain what was delivered before the restart (persistent). */
+	while (tl_next(a, 1000, &m))
+		tl_msg_free(&m);
+	id = enqueue("dmn.metrics", 1);
+	ck_assert(tl_next(a, 30000, &m));
+	ck_assert_int_eq(m.message_id, id);
+	tl_msg_free(&m);
+	ck_assert_int_eq(tl_wait_sql_int(db, N + 1, 10000, COUNT_STATUS(1)),
+	    N + 1);
+	ck_assert_double_eq(wait_metric("outboxd_messages_published_total",
+	    N + 1, 10000), N + 1);
+	ck_assert_double_ge(wait_metric("outboxd_reconnects_total"
+	    "{server=\"rabbitmq\"}", 2, 10000), 2);
+	ck_assert_int_eq(tl_outboxd_stop(pid, 25000), 0);
+	tl_amqp_close(a);
+	check_logfmt(log);
+	free(log);
+}
+END_TEST
+
+/* --- secrets ------------------------------------------------------------- */
+
+#define PG_SECRET "Pg-S3cret-dmn-4711"
+#define RABBIT_SECRET "Rabb1t-S3cret-dmn-0815"
+#define RABBIT_SECRET2 "Rabb1t-Changed-dmn-0816"
+#define REDIS_SECRET "Red1s-S3cret-dmn-1234"
+
+/* A RabbitMQ user whose password is recognisable, so the test can both
+ * log in with it and look for it. */
+static void
+rabbit_user(const char *user, const char *password)
+{
+	char cmd[1024];
+
+	snprintf(cmd, sizeof(cmd), "HOME='%s/rabbitmq' %s/rabbitmqctl -q -n "
+	    "'%s' delete_user %s >/dev/null 2>&1; HOME='%s/rabbitmq' "
+	    "%s/rabbitmqctl -q -n '%s' add_user %s '%s' >/dev/null && "
+	    "HOME='%s/rabbitmq' %s/rabbitmqctl -q -n '%s' set_permissions -p / "
+	    "%s '.*' '.*' '.*' >/dev/null",
+	    tl_env("OUTBOXD_SERVERS_DIR"), "/usr/lib/rabbitmq/bin",
+	    tl_env("OUTBOXD_RABBIT_NODE"), user,
+	    tl_env("OUTBOXD_SERVERS_DIR"), "/usr/lib/rabbitmq/bin",
+	    tl_env("OUTBOXD_RABBIT_NODE"), user, password,
+	    tl_env("OUTBOXD_SERVERS_DIR"), "/usr/lib/rabbitmq/bin",
+	    tl_env("OUTBOXD_RABBIT_NODE"), user);
+	ck_assert_msg(system(cmd) == 0, "rabbitmqctl failed for %s", user);
+}
+
+static void
+assert_no_secret(const char *what, const char *text)
+{
+	static const char *const secrets[] = { PG_SECRET, RABBIT_SECRET,
+		RABBIT_SECRET2, REDIS_SECRET, "S3cret", NULL };
+
+	for (int i = 0; secrets[i] != NULL; i++)
+		ck_assert_msg(strstr(text, secrets[i]) == NULL,
+		    "%s shows a secret (%s):\n%s", what, secrets[i], text);
+}
+
+START_TEST(test_secrets_never_logged)
+{
+	static char body[1 << 17], out[16384], err[16384];
+	struct tl_amqp *a = tl_amqp_open();
+	const char *dir = tl_env("OUTBOXD_SERVERS_DIR");
+	char cfg[512], pwfile[512], yaml[2048], *log, *text;
+	pid_t pid;
+
+	tl_queue(a, "dmn.secret", "", "");
+	tl_amqp_close(a);
+	rabbit_user("dmnsecret", RABBIT_SECRET);
+	snprintf(pwfile, sizeof(pwfile), "%s/rabbit-%d.password", dir,
+	    (int)getpid());
+	spit(pwfile, RABBIT_SECRET "\n", 0600);
+	ck_assert_int_eq(setenv("DMN_PG_PASSWORD", PG_SECRET, 1), 0);
+	ck_assert_int_eq(setenv("DMN_REDIS_PASSWORD", REDIS_SECRET, 1), 0);
+	snprintf(yaml, sizeof(yaml), "log.level: debug\n"
+	    "postgres.password_env: DMN_PG_PASSWORD\n"
+	    "rabbitmq.user: dmnsecret\nrabbitmq.password_file: \"%s\"\n"
+	    "redis.password_env: DMN_REDIS_PASSWORD\n"
+	    "redis.key: \"dmn:leader:secret\"\n"
+	    "http.listen: \"127.0.0.1:%d\"\n", pwfile, http_port());
+	tl_config_write(cfg, sizeof(cfg), yaml);
+
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    cfg, "-n", NULL), 0);
+	assert_no_secret("outboxd -n", out);
+	assert_no_secret("outboxd -n (stderr)", err);
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    cfg, "status", NULL), 0);
+	assert_no_secret("outboxd status", out);
+	assert_no_secret("outboxd status (stderr)", err);
+
+	pid = tl_outboxd_start_file(cfg);
+	log = log_of(pid);
+	/* Delivered: the password from the file is the one in use.  Redis
+	 * refuses the bogus AUTH, which takes the error paths too. */
+	enqueue("dmn.secret", 10);
+	ck_assert_int_eq(tl_wait_sql_int(db, 10, 30000, COUNT_STATUS(1)), 10);
+	ck_assert(wait_log(log, "msg=\"redis unavailable\"", 1, 10000));
+	ck_assert_int_eq(tl_http_get(http_port(), "/metrics", body,
+	    sizeof(body)), 200);
+	assert_no_secret("/metrics", body);
+	ck_assert_double_eq(metric(body,
+	    "outboxd_messages_published_total"), 10);
+	/* A changed password file on reload: named, never shown. */
+	spit(pwfile, RABBIT_SECRET2 "\n", 0600);
+	kill(pid, SIGHUP);
+	ck_assert(wait_log(log, "msg=\"config reloaded\"", 1, 20000));
+	ck_assert_int_eq(log_count(log, "key=rabbitmq.password"), 1);
+	/* A failed reload must not echo the file either. */
+	ck_assert_int_eq(chmod(pwfile, 0644), 0);
+	kill(pid, SIGHUP);
+	ck_assert(wait_log(log, "reload failed, keeping the old config", 1,
+	    20000));
+	ck_assert_int_eq(tl_outboxd_stop(pid, 25000), 0);
+	text = slurp(log);
+	assert_no_secret("the daemon's log", text);
+	free(text);
+	check_logfmt(log);
+	free(log);
+
+	/* A secrets file others can read is refused, with a clear word. */
+	ck_assert_int_ne(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    cfg, "-n", NULL), 0);
+	strcat(out, err);
+	ck_assert_msg(strstr(out, "rabbitmq.password_file") != NULL &&
+	    strstr(out, "chmod 600") != NULL && strstr(out, "0644") != NULL,
+	    "unclear refusal: %s", out);
+	assert_no_secret("outboxd -n on a 0644 file", out);
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    cfg, "run", NULL), 2);
+	strcat(out, err);
+	ck_assert_msg(strstr(out, "chmod 600") != NULL, "run: %s", out);
+	assert_no_secret("outboxd run on a 0644 file", out);
+	unsetenv("DMN_PG_PASSWORD");
+	unsetenv("DMN_REDIS_PASSWORD");
+}
+END_TEST
+
+/* --- logs ---------------------------------------------------------------- */
+
+/* Debug level, good and bad rows, a reload with errors: every line of
+ * stderr is logfmt. */
+START_TEST(test_log_lines_are_logfmt)
+{
+	struct tl_amqp *a = tl_amqp_open();
+	char cfg[512], *log;
+	pid_t pid;
+
+	tl_queue(a, "dmn.logfmt", "", "");
+	tl_amqp_close(a);
+	tl_config_write(cfg, sizeof(cfg), "log.level: debug\n"
+	    "redis.key: \"dmn:leader:logfmt\"\n");
+	pid = tl_outboxd_start_file(cfg);
+	log = log_of(pid);
+	enqueue("dmn.logfmt", 50);
+	/* Errors with quotes, spaces and '=' in them. */
+	tl_sql(db, "SELECT outbox_enqueue('', 'dmn.nowhere \"q\" a=b', 'x', "
+	    "max_retry_times => 1)");
+	tl_sql(db, "SELECT outbox_enqueue('dmn.missing', 'k', 'x', "
+	    "max_retry_times => 1)");
+	ck_assert_int_eq(tl_wait_sql_int(db, 50, 30000, COUNT_STATUS(1)), 50);
+	ck_assert_int_eq(tl_wait_sql_int(db, 2, 30000, COUNT_STATUS(3)), 2);
+	rewrite_raw(cfg, "log:\n  level: loud\nrelay:\n  bogus: 1\n");
+	kill(pid, SIGHUP);
+	ck_assert(wait_log(log, "reload failed, keeping the old config", 1,
+	    20000));
+	ck_assert_int_eq(tl_outboxd_stop(pid, 25000), 0);
+	ck_assert_int_ge(log_count(log, "level=debug "), 1);
+	ck_assert_int_ge(log_count(log, "level=info "), 1);
+	ck_assert_int_ge(log_count(log, "level=warn "), 1);
+	ck_assert_int_ge(log_count(log, "level=error "), 1);
+	check_logfmt(log);
+	free(log);
+}
+END_TEST
+
+int
+main(void)
+{
+	Suite *s = suite_create("daemon");
+	TCase *tc = tcase_create("daemon");
+	SRunner *sr;
+	int failed;
+
+	tcase_add_checked_fixture(tc, setup, teardown);
+	tcase_set_timeout(tc, 240);
+	tcase_add_test(tc, test_sigterm_finishes_the_batch);
+	tcase_add_test(tc, test_second_sigterm_exits_at_once);
+	tcase_add_test(tc, test_shutdown_timeout_ends_a_stuck_batch);
+	tcase_add_test(tc, test_sighup_reload);
+	tcase_add_test(tc, test_check_config_and_usage);
+	tcase_add_test(tc, test_cli_status_dead_replay_purge_migrate);
+	tcase_add_test(tc, test_metrics_and_health);
+	tcase_add_test(tc, test_secrets_never_logged);
+	tcase_add_test(tc, test_log_lines_are_logfmt);
+	suite_add_tcase(s, tc);
+	sr = srunner_create(s);
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	/* Whatever failed, leave the broker running for the next suite. */
+	tl_rabbitmq_freeze(false);
+	return failed == 0 ? 0 : 1;
+}

@@ -1,0 +1,1547 @@
+/*
+ * Several outboxd instances against real servers: leadership through Redis
+ * and its PostgreSQL fallback, failover, compensation (sweep, retention),
+ * per-key ordering, single-active mode, and the failover forms of the
+ * server addresses (RabbitMQ node list, libpq multi-host, quorum queues).
+ */
+#include <check.h>
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <amqp.h>
+#include <amqp_tcp_socket.h>
+#include <hiredis/hiredis.h>
+
+#include "testlib.h"
+
+/* Short lock timings so that failovers fit in a test. */
+#define TTL_MS 2000
+#define POLL_MS 500
+#define BATCH 200
+/* What a wake-up or a batch may add on a busy 2-core box. */
+#define SLACK_MS 1000
+
+#define COUNT_STATUS(st) \
+	"SELECT count(*) FROM t_transactional_message " \
+	"WHERE message_status = " #st
+
+static PGconn *db;
+static char lock_key[128];	/* a fresh Redis key per test */
+
+/* --- processes ----------------------------------------------------------- */
+
+/*
+ * Every outboxd a test starts, in memory shared with the runner: a test
+ * that fails exits at once (Check forks each test), and the next test's
+ * setup must still be able to end the instances it left behind.
+ */
+#define MAX_INSTANCES 16
+static pid_t *registry;
+
+struct inst {
+	pid_t pid;
+	char log[512];
+};
+static struct inst insts[MAX_INSTANCES];
+
+static void
+registry_add(pid_t pid, const char *log)
+{
+	for (int i = 0; i < MAX_INSTANCES; i++)
+		if (registry[i] == 0) {
+			registry[i] = pid;
+			insts[i].pid = pid;
+			snprintf(insts[i].log, sizeof(insts[i].log), "%s", log);
+			return;
+		}
+	ck_abort_msg("too many instances");
+}
+
+static void
+registry_del(pid_t pid)
+{
+	for (int i = 0; i < MAX_INSTANCES; i++)
+		if (registry[i] == pid)
+			registry[i] = 0;
+}
+
+/* Ends what an earlier, failed test left running. */
+static void
+registry_reap(void)
+{
+	for (int i = 0; i < MAX_INSTANCES; i++)
+		if (registry[i] > 0) {
+			kill(registry[i], SIGKILL);
+			(void)waitpid(registry[i], NULL, WNOHANG);
+			registry[i] = 0;
+		}
+}
+
+static const char *
+log_of(pid_t pid)
+{
+	for (int i = 0; i < MAX_INSTANCES; i++)
+		if (insts[i].pid == pid)
+			return insts[i].log;
+	ck_abort_msg("no log for pid %d", (int)pid);
+	return NULL;
+}
+
+/* Lines of the instance's log that contain needle (and needle2 if not
+ * NULL); the last one is copied to last when it is not NULL. */
+static int
+log_count2(pid_t pid, const char *needle, const char *needle2, char *last,
+    size_t size)
+{
+	FILE *f = fopen(log_of(pid), "r");
+	char line[8192];
+	int n = 0;
+
+	if (f == NULL)
+		return 0;
+	while (fgets(line, sizeof(line), f) != NULL)
+		if (strstr(line, needle) != NULL && (needle2 == NULL ||
+		    strstr(line, needle2) != NULL)) {
+			size_t len = strlen(line);
+
+			n++;
+			if (last == NULL)
+				continue;
+			if (len >= size)
+				len = size - 1;
+			memcpy(last, line, len);
+			last[len] = '\0';
+		}
+	fclose(f);
+	return n;
+}
+
+static int
+log_count(pid_t pid, const char *needle)
+{
+	return log_count2(pid, needle, NULL, NULL, 0);
+}
+
+static bool
+log_has(pid_t pid, const char *needle)
+{
+	return log_count(pid, needle) > 0;
+}
+
+static void
+nap_ms(int ms)
+{
+	struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000 };
+
+	while (nanosleep(&ts, &ts) == -1 && errno == EINTR)
+		;
+}
+
+/* Waits until a line of the log has needle (and needle2 if not NULL);
+ * returns whether it came in time. */
+static bool
+wait_log2(pid_t pid, const char *needle, const char *needle2,
+    int timeout_ms)
+{
+	int64_t deadline = tl_ms() + timeout_ms;
+
+	while (log_count2(pid, needle, needle2, NULL, 0) == 0) {
+		if (tl_ms() >= deadline)
+			return false;
+		nap_ms(20);
+	}
+	return true;
+}
+
+static bool
+wait_log(pid_t pid, const char *needle, int timeout_ms)
+{
+	return wait_log2(pid, needle, NULL, timeout_ms);
+}
+
+/* Starts outboxd with this test's lock key, short timings and extra. */
+static pid_t
+start_ttl(int ttl_ms, const char *extra)
+{
+	char yaml[2048];
+	pid_t pid;
+
+	snprintf(yaml, sizeof(yaml), "redis.key: \"%s\"\nredis.ttl: %dms\n"
+	    "relay.poll_interval: %dms\n%s", lock_key, ttl_ms, POLL_MS,
+	    extra != NULL ? extra : "");
+	pid = tl_outboxd_start(yaml);
+	registry_add(pid, tl_outboxd_log(pid));
+	return pid;
+}
+
+static pid_t
+start(const char *extra)
+{
+	return start_ttl(TTL_MS, extra);
+}
+
+/* The test library's node list: the one private broker. */
+static const char *
+strfmt_nodes(void)
+{
+	static char nodes[64];
+
+	snprintf(nodes, sizeof(nodes), "[\"127.0.0.1:%s\"]",
+	    tl_env("OUTBOXD_AMQP_PORT"));
+	return nodes;
+}
+
+/*
+ * Starts outboxd with a config written here in full, for the keys the
+ * test library writes itself (postgres.conninfo, rabbitmq.nodes).
+ */
+static pid_t
+start_custom(const char *conninfo, const char *nodes)
+{
+	const char *dir = tl_env("OUTBOXD_SERVERS_DIR");
+	char cfg[512], logpath[512];
+	FILE *f;
+	pid_t pid;
+
+	snprintf(cfg, sizeof(cfg), "%s/leader-%d-%lld.yml", dir, (int)getpid(),
+	    (long long)tl_ms());
+	snprintf(logpath, sizeof(logpath), "%s/leader-%d-%lld.log", dir,
+	    (int)getpid(), (long long)tl_ms());
+	if (nodes == NULL)
+		nodes = strfmt_nodes();
+	f = fopen(cfg, "w");
+	ck_assert_ptr_nonnull(f);
+	fprintf(f, "log:\n  level: info\n"
+	    "postgres:\n  conninfo: \"%s\"\n"
+	    "rabbitmq:\n  nodes: %s\n  connect_timeout: 1s\n"
+	    "redis:\n  address: \"127.0.0.1:%s\"\n  key: \"%s\"\n"
+	    "relay:\n  poll_interval: %dms\n"
+	    "reconnect:\n  max: 1s\n"
+	    "http:\n  listen: \"\"\n", conninfo, nodes,
+	    tl_env("OUTBOXD_REDIS_PORT"), lock_key, POLL_MS);
+	fclose(f);
+	pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		int fd = open(logpath, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+
+		if (fd >= 0) {
+			dup2(fd, STDERR_FILENO);
+			dup2(fd, STDOUT_FILENO);
+			close(fd);
+		}
+		execl(tl_env("OUTBOXD_BIN"), "outboxd", "-c", cfg, "run",
+		    (char *)NULL);
+		_exit(127);
+	}
+	registry_add(pid, logpath);
+	return pid;
+}
+
+/* SIGTERM; the exit status (0 = clean). */
+static int
+stop(pid_t pid)
+{
+	int rc = tl_outboxd_stop(pid, 30000);
+
+	registry_del(pid);
+	return rc;
+}
+
+static void
+kill9(pid_t pid)
+{
+	tl_outboxd_kill(pid);
+	registry_del(pid);
+}
+
+/* published=N from the "outboxd stopped" line, or -1. */
+static long long
+published_by(pid_t pid)
+{
+	char line[1024];
+	const char *p;
+
+	if (log_count2(pid, "msg=\"outboxd stopped\"", NULL, line,
+	    sizeof(line)) == 0 || (p = strstr(line, "published=")) == NULL)
+		return -1;
+	return strtoll(p + strlen("published="), NULL, 10);
+}
+
+/* --- Redis --------------------------------------------------------------- */
+
+static redisContext *
+redis_open(void)
+{
+	struct timeval tv = { 1, 0 };
+
+	return redisConnectWithTimeout("127.0.0.1",
+	    atoi(tl_env("OUTBOXD_REDIS_PORT")), tv);
+}
+
+/* The lock key's value into buf ("" when there is none); false when
+ * Redis cannot be reached. */
+static bool
+lock_value(char *buf, size_t size)
+{
+	redisContext *c = redis_open();
+	redisReply *r;
+	bool ok = false;
+
+	buf[0] = '\0';
+	if (c == NULL || c->err != 0)
+		goto out;
+	r = redisCommand(c, "GET %s", lock_key);
+	if (r != NULL) {
+		if (r->type == REDIS_REPLY_STRING)
+			snprintf(buf, size, "%s", r->str);
+		ok = r->type == REDIS_REPLY_STRING ||
+		    r->type == REDIS_REPLY_NIL;
+		freeReplyObject(r);
+	}
+out:
+	if (c != NULL)
+		redisFree(c);
+	return ok;
+}
+
+/* The lock key's remaining time to live in ms (-2: no key). */
+static long long
+lock_pttl(void)
+{
+	redisContext *c = redis_open();
+	redisReply *r;
+	long long v;
+
+	ck_assert_msg(c != NULL && c->err == 0, "redis: %s",
+	    c ? c->errstr : "no memory");
+	r = redisCommand(c, "PTTL %s", lock_key);
+	ck_assert(r != NULL && r->type == REDIS_REPLY_INTEGER);
+	v = r->integer;
+	freeReplyObject(r);
+	redisFree(c);
+	return v;
+}
+
+static void
+lock_delete(void)
+{
+	redisContext *c = redis_open();
+	redisReply *r;
+
+	ck_assert_msg(c != NULL && c->err == 0, "redis: %s",
+	    c ? c->errstr : "no memory");
+	r = redisCommand(c, "DEL %s", lock_key);
+	ck_assert_ptr_nonnull(r);
+	freeReplyObject(r);
+	redisFree(c);
+}
+
+/* The instance whose log shows it took the lock with this token. */
+static pid_t
+token_owner(const pid_t *pids, int n, const char *token)
+{
+	char needle[160];
+
+	if (*token == '\0')
+		return 0;
+	snprintf(needle, sizeof(needle), "token=%s", token);
+	for (int i = 0; i < n; i++)
+		if (pids[i] > 0 && log_has(pids[i], needle))
+			return pids[i];
+	return 0;
+}
+
+/* Waits until the key holds a token other than `not` that one of pids
+ * took; returns that instance or 0 at the deadline. */
+static pid_t
+wait_lock_owner(const pid_t *pids, int n, const char *not, int timeout_ms)
+{
+	int64_t deadline = tl_ms() + timeout_ms;
+	char token[128];
+	pid_t owner;
+
+	for (;;) {
+		if (lock_value(token, sizeof(token)) && *token != '\0' &&
+		    (not == NULL || strcmp(token, not) != 0) &&
+		    (owner = token_owner(pids, n, token)) != 0)
+			return owner;
+		if (tl_ms() >= deadline)
+			return 0;
+		nap_ms(10);
+	}
+}
+
+/* --- AMQP administration (plain rabbitmq-c: tl_queue purges) ------------- */
+
+static amqp_connection_state_t
+admin_open(void)
+{
+	amqp_connection_state_t c = amqp_new_connection();
+	amqp_socket_t *sock = amqp_tcp_socket_new(c);
+	amqp_rpc_reply_t r;
+
+	ck_assert_msg(amqp_socket_open(sock, "127.0.0.1",
+	    atoi(tl_env("OUTBOXD_AMQP_PORT"))) == AMQP_STATUS_OK,
+	    "cannot connect to rabbitmq");
+	r = amqp_login(c, "/", 0, 131072, 0, AMQP_SASL_METHOD_PLAIN, "guest",
+	    "guest");
+	ck_assert_int_eq(r.reply_type, AMQP_RESPONSE_NORMAL);
+	amqp_channel_open(c, 1);
+	ck_assert_int_eq(amqp_get_rpc_reply(c).reply_type,
+	    AMQP_RESPONSE_NORMAL);
+	return c;
+}
+
+static void
+admin_ok(amqp_connection_state_t c, const char *what)
+{
+	amqp_rpc_reply_t r = amqp_get_rpc_reply(c);
+
+	if (r.reply_type == AMQP_RESPONSE_SERVER_EXCEPTION &&
+	    r.reply.id == AMQP_CHANNEL_CLOSE_METHOD) {
+		amqp_channel_close_t *m = r.reply.decoded;
+		ck_abort_msg("%s: %d %.*s", what, m->reply_code,
+		    (int)m->reply_text.len, (char *)m->reply_text.bytes);
+	}
+	ck_assert_msg(r.reply_type == AMQP_RESPONSE_NORMAL, "%s failed", what);
+}
+
+static void
+admin_close(amqp_connection_state_t c)
+{
+	amqp_channel_close(c, 1, AMQP_REPLY_SUCCESS);
+	amqp_connection_close(c, AMQP_REPLY_SUCCESS);
+	amqp_destroy_connection(c);
+}
+
+/* --- deliveries ---------------------------------------------------------- */
+
+/* Deliveries per message id, for ids first .. first+n-1. */
+struct tally {
+	long long first, n;
+	unsigned *counts;
+	long long distinct, deliveries, dups;
+};
+
+static void
+tally_init(struct tally *t, long long first, long long n)
+{
+	memset(t, 0, sizeof(*t));
+	t->first = first;
+	t->n = n;
+	t->counts = calloc((size_t)n, sizeof(*t->counts));
+	ck_assert_ptr_nonnull(t->counts);
+}
+
+static void
+tally_add(struct tally *t, long long id)
+{
+	t->deliveries++;
+	if (id < t->first || id >= t->first + t->n)
+		return;
+	if (t->counts[id - t->first]++ == 0)
+		t->distinct++;
+	else
+		t->dups++;
+}
+
+/*
+ * Receives until every id was seen, then drains what is left: call it
+ * once every row is SUCCESS, when each confirmed message is already in
+ * the queue, so a short idle gap means there is nothing more.
+ */
+static void
+tally_collect(struct tl_amqp *a, struct tally *t, int total_ms)
+{
+	int64_t deadline = tl_ms() + total_ms;
+	struct tl_msg m;
+
+	while (t->distinct < t->n && tl_ms() < deadline &&
+	    tl_next(a, 10000, &m)) {
+		tally_add(t, m.message_id);
+		tl_msg_free(&m);
+	}
+	while (tl_next(a, 500, &m)) {
+		tally_add(t, m.message_id);
+		tl_msg_free(&m);
+	}
+}
+
+static void
+tally_free(struct tally *t)
+{
+	free(t->counts);
+	t->counts = NULL;
+}
+
+/* Enqueues n rows "<tag> <g>" for queue; returns the first id. */
+static long long
+enqueue(const char *queue, const char *tag, int n)
+{
+	return tl_sql_int(db, "SELECT min(outbox_enqueue('', '%s', '%s ' || g))"
+	    " FROM generate_series(1, %d) g", queue, tag, n);
+}
+
+/* Polls a count until it reaches at least want; returns the last. */
+static long long
+wait_at_least(long long want, int timeout_ms, const char *sql)
+{
+	int64_t deadline = tl_ms() + timeout_ms;
+	long long v;
+
+	for (;;) {
+		v = tl_sql_int(db, "%s", sql);
+		if (v >= want || tl_ms() >= deadline)
+			return v;
+		nap_ms(20);
+	}
+}
+
+/* --- metrics ------------------------------------------------------------- */
+
+/* A loopback port nobody listens on (the kernel's pick; config refuses
+ * port 0). */
+static int
+free_port(void)
+{
+	struct sockaddr_in sa = { .sin_family = AF_INET };
+	socklen_t len = sizeof(sa);
+	int fd = socket(AF_INET, SOCK_STREAM, 0), port;
+
+	ck_assert_int_ge(fd, 0);
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	ck_assert_int_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
+	port = ntohs(sa.sin_port);
+	close(fd);
+	return port;
+}
+
+/* GET /metrics into buf. */
+static void
+metrics_get(int port, char *buf, size_t size)
+{
+	struct sockaddr_in sa = { .sin_family = AF_INET,
+	    .sin_port = htons((uint16_t)port) };
+	struct timeval tv = { 5, 0 };
+	const char req[] = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+	size_t len = 0;
+	ssize_t n;
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+
+	ck_assert_int_ge(fd, 0);
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	ck_assert_msg(connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0,
+	    "metrics on port %d: %s", port, strerror(errno));
+	ck_assert_int_eq(write(fd, req, sizeof(req) - 1),
+	    (ssize_t)sizeof(req) - 1);
+	while (len + 1 < size && (n = read(fd, buf + len, size - len - 1)) > 0)
+		len += (size_t)n;
+	buf[len] = '\0';
+	close(fd);
+}
+
+/* Polls /metrics until it shows needle; returns whether it did. */
+static bool
+metrics_show(int port, const char *needle)
+{
+	static char buf[65536];
+	int64_t deadline = tl_ms() + 5000;
+
+	for (;;) {
+		metrics_get(port, buf, sizeof(buf));
+		if (strstr(buf, needle) != NULL)
+			return true;
+		if (tl_ms() >= deadline)
+			return false;
+		nap_ms(50);
+	}
+}
+
+/* --- fixtures ------------------------------------------------------------ */
+
+static void
+setup(void)
+{
+	redisContext *c;
+
+	registry_reap();
+	/* A failed test may have left Redis stopped. */
+	c = redis_open();
+	if (c == NULL || c->err != 0)
+		tl_servers("start", "redis");
+	if (c != NULL)
+		redisFree(c);
+	db = tl_pg();
+	tl_reset_db(db);
+	snprintf(lock_key, sizeof(lock_key), "outboxd:test-leader:%d",
+	    (int)getpid());
+	lock_delete();
+}
+
+static void
+teardown(void)
+{
+	registry_reap();
+	PQfinish(db);
+}
+
+/* --- tests --------------------------------------------------------------- */
+
+/* Three instances share 20,000 rows: each delivered once, all SUCCESS. */
+START_TEST(test_three_instances_each_row_once)
+{
+	enum { N = 20000 };
+	struct tl_amqp *a = tl_amqp_open();
+	struct tally t;
+	pid_t p[3];
+	long long first, sum = 0;
+	int busy = 0;
+	int64_t t0;
+
+	tl_queue(a, "leader.many", "", "");
+	tl_consume(a, "leader.many");
+	for (int i = 0; i < 3; i++)
+		p[i] = start("relay.batch_size: 500\n");
+	for (int i = 0; i < 3; i++)
+		ck_assert_msg(wait_log(p[i], "outboxd ready", 30000),
+		    "instance %d not ready", i);
+	t0 = tl_ms();
+	first = enqueue("leader.many", "m", N);
+	tally_init(&t, first, N);
+	ck_assert_int_eq(tl_wait_sql_int(db, N, 120000, COUNT_STATUS(1)), N);
+	tally_collect(a, &t, 60000);
+	fprintf(stderr, "leader: 3 instances, %d rows in %lld ms, %lld "
+	    "deliveries\n", N, (long long)(tl_ms() - t0), t.deliveries);
+	ck_assert_int_eq(t.distinct, N);
+	ck_assert_int_eq(t.dups, 0);
+	ck_assert_int_ge(log_has(p[0], "leadership acquired") +
+	    log_has(p[1], "leadership acquired") +
+	    log_has(p[2], "leadership acquired"), 1);
+	for (int i = 0; i < 3; i++) {
+		long long n;
+
+		ck_assert_int_eq(stop(p[i]), 0);
+		n = published_by(p[i]);
+		ck_assert_int_ge(n, 0);
+		fprintf(stderr, "leader: instance %d published %lld\n", i, n);
+		sum += n;
+		busy += n > 0;
+	}
+	/* Each row was published by exactly one instance... */
+	ck_assert_int_eq(sum, N);
+	/* ...and the work was shared. */
+	ck_assert_int_ge(busy, 2);
+	tally_free(&t);
+	tl_amqp_close(a);
+}
+END_TEST
+
+/* SIGKILL the leader mid-run: a standby takes the lock within ttl plus a
+ * retry; nothing is lost; duplicates stay within its in-flight batch. */
+START_TEST(test_leader_sigkill_failover)
+{
+	enum { N = 15000 };
+	struct tl_amqp *a = tl_amqp_open();
+	struct tally t;
+	char yaml[128], old[128];
+	pid_t p[3], leader, next;
+	long long first;
+	int64_t killed, took;
+
+	tl_queue(a, "leader.kill", "", "");
+	tl_consume(a, "leader.kill");
+	snprintf(yaml, sizeof(yaml), "relay.batch_size: %d\n", BATCH);
+	p[0] = start(yaml);
+	ck_assert(wait_log2(p[0], "leadership acquired", "backend=redis",
+	    20000));
+	p[1] = start(yaml);
+	p[2] = start(yaml);
+	ck_assert(wait_log(p[1], "outboxd ready", 30000));
+	ck_assert(wait_log(p[2], "outboxd ready", 30000));
+	first = enqueue("leader.kill", "k", N);
+	tally_init(&t, first, N);
+	ck_assert_int_ge(wait_at_least(N / 5, 60000, COUNT_STATUS(1)), N / 5);
+	ck_assert(lock_value(old, sizeof(old)));
+	leader = token_owner(p, 3, old);
+	ck_assert_msg(leader != 0, "no instance holds the key (%s)", old);
+	killed = tl_ms();
+	kill9(leader);
+	for (int i = 0; i < 3; i++)
+		if (p[i] == leader)
+			p[i] = 0;
+	next = wait_lock_owner(p, 3, old, 30000);
+	took = tl_ms() - killed;
+	ck_assert_msg(next != 0, "no instance took the lock over");
+	ck_assert(wait_log2(next, "leadership acquired", "backend=redis",
+	    5000));
+	fprintf(stderr, "leader: takeover after SIGKILL took %lld ms "
+	    "(ttl %d ms)\n", (long long)took, TTL_MS);
+	/* Key expiry (<= ttl after the last renewal) plus the standby's
+	 * next try (every ttl/3), plus a batch on a busy machine. */
+	ck_assert_int_le(took, TTL_MS + TTL_MS / 3 + SLACK_MS);
+	ck_assert_int_eq(tl_wait_sql_int(db, N, 120000, COUNT_STATUS(1)), N);
+	tally_collect(a, &t, 60000);
+	fprintf(stderr, "leader: after SIGKILL %lld rows, %lld deliveries, "
+	    "%lld duplicates (batch_size %d)\n", t.distinct, t.deliveries,
+	    t.dups, BATCH);
+	ck_assert_int_eq(t.distinct, N);
+	ck_assert_int_le(t.dups, BATCH);
+	for (int i = 0; i < 3; i++)
+		if (p[i] != 0)
+			ck_assert_int_eq(stop(p[i]), 0);
+	tally_free(&t);
+	tl_amqp_close(a);
+}
+END_TEST
+
+/*
+ * The lock key deleted by hand: a second instance takes it while the
+ * first still believes it leads (it renews only every ttl/3), so both
+ * claim FAIL rows, which only leaders retry, at once.  SKIP LOCKED keeps
+ * every row to one of them.
+ */
+START_TEST(test_key_deleted_two_leaders)
+{
+	enum { N = 10000, FIRST_TTL = 30000 };
+	struct tl_amqp *a = tl_amqp_open();
+	struct tally t;
+	char yaml[64], token[128];
+	pid_t p[2], owner;
+	long long first;
+	int lost;
+
+	tl_queue(a, "leader.steal", "", "");
+	tl_consume(a, "leader.steal");
+	snprintf(yaml, sizeof(yaml), "relay.batch_size: %d\n", BATCH);
+	/* The first renews every 10 s; the second tries every 333 ms. */
+	p[0] = start_ttl(FIRST_TTL, yaml);
+	ck_assert(wait_log2(p[0], "leadership acquired", "backend=redis",
+	    20000));
+	p[1] = start_ttl(1000, yaml);
+	ck_assert(wait_log(p[1], "outboxd ready", 30000));
+	ck_assert(wait_log(p[0], "outboxd ready", 30000));
+	/* Delete the key just after a renewal of the first, which then
+	 * goes on leading for seconds after the second took the key. */
+	for (int64_t deadline = tl_ms() + 20000; lock_pttl() <
+	    FIRST_TTL - 3000; nap_ms(20))
+		ck_assert_msg(tl_ms() < deadline, "the first never renewed");
+	lost = log_count(p[0], "leader lock lost");
+	lock_delete();
+	owner = wait_lock_owner(p, 2, NULL, 3000);
+	ck_assert_msg(owner == p[1], "the second did not take the key");
+	ck_assert(wait_log2(p[1], "leadership acquired", "backend=redis",
+	    2000));
+	/* Every row is FAIL and due: only leaders take them, and both
+	 * think they lead. */
+	first = tl_sql_int(db, "BEGIN; SELECT outbox_enqueue('', "
+	    "'leader.steal', 's ' || g) FROM generate_series(1, %d) g; "
+	    "UPDATE t_transactional_message SET message_status = 2, "
+	    "current_retry_times = 1; COMMIT; "
+	    "SELECT min(id) FROM t_transactional_message", N);
+	tally_init(&t, first, N);
+	ck_assert_int_eq(tl_wait_sql_int(db, N / 2, 30000, "SELECT CASE WHEN "
+	    "count(*) >= %d THEN %d ELSE 0 END FROM t_transactional_message "
+	    "WHERE message_status = 1", N / 2, N / 2), N / 2);
+	/* Half the rows went while both led. */
+	ck_assert_msg(log_count(p[0], "leader lock lost") == lost,
+	    "the first stopped leading too soon");
+	ck_assert_int_eq(tl_wait_sql_int(db, N, 120000, COUNT_STATUS(1)), N);
+	tally_collect(a, &t, 60000);
+	fprintf(stderr, "leader: two leaders, %lld rows, %lld deliveries, "
+	    "%lld duplicates\n", t.distinct, t.deliveries, t.dups);
+	ck_assert_int_eq(t.distinct, N);
+	ck_assert_int_eq(t.dups, 0);
+	ck_assert_int_eq(stop(p[0]), 0);
+	/* The first finds out at its renewal, or at its release at the
+	 * latest, which leaves the other's key alone. */
+	ck_assert(log_has(p[0], "leader lock lost"));
+	ck_assert(lock_value(token, sizeof(token)));
+	ck_assert_int_eq(token_owner(p, 2, token), p[1]);
+	ck_assert_int_eq(stop(p[1]), 0);
+	/* Both retried rows: both led at once, and no row went twice. */
+	fprintf(stderr, "leader: two leaders published %lld and %lld\n",
+	    published_by(p[0]), published_by(p[1]));
+	ck_assert_int_gt(published_by(p[0]), 0);
+	ck_assert_int_gt(published_by(p[1]), 0);
+	ck_assert_int_eq(published_by(p[0]) + published_by(p[1]), N);
+	tally_free(&t);
+	tl_amqp_close(a);
+}
+END_TEST
+
+/*
+ * Redis stopped for 10 s: rows keep flowing, one instance leads through
+ * the advisory lock and compensates, and Redis decides again once back.
+ */
+START_TEST(test_redis_outage_falls_back_to_postgres)
+{
+	enum { N1 = 2000, N2 = 2000, N3 = 1000 };
+	char yaml[2][64];
+	struct tl_amqp *a = tl_amqp_open();
+	struct tally t;
+	pid_t p[2], pg_leader = 0;
+	int port[2], pg_leaders = 0;
+	long long first, exhausted;
+	int64_t stopped, fell_back, swept, started, key_back, lock_gone;
+	char token[128];
+
+	tl_queue(a, "leader.outage", "", "");
+	tl_consume(a, "leader.outage");
+	for (int i = 0; i < 2; i++) {
+		port[i] = free_port();
+		snprintf(yaml[i], sizeof(yaml[i]), "http.listen: "
+		    "\"127.0.0.1:%d\"\n", port[i]);
+	}
+	p[0] = start(yaml[0]);
+	ck_assert(wait_log2(p[0], "leadership acquired", "backend=redis",
+	    20000));
+	p[1] = start(yaml[1]);
+	ck_assert(wait_log(p[1], "outboxd ready", 30000));
+	first = enqueue("leader.outage", "a", N1);
+	/* One more id: the exhausted row's, which must never arrive. */
+	tally_init(&t, first, N1 + N2 + N3 + 1);
+	ck_assert_int_eq(tl_wait_sql_int(db, N1, 60000, COUNT_STATUS(1)), N1);
+
+	tl_servers("stop", "redis");
+	stopped = tl_ms();
+	for (int i = 0; i < 2; i++)
+		ck_assert(wait_log(p[i], "leader election falls back to a "
+		    "postgres advisory lock", 15000));
+	/* The holder keeps the Redis lock until its validity runs out
+	 * (ttl - ttl/3), then one instance takes the advisory lock. */
+	for (int64_t deadline = tl_ms() + 15000; pg_leader == 0 &&
+	    tl_ms() < deadline; nap_ms(20))
+		for (int i = 0; i < 2; i++)
+			if (log_count2(p[i], "leadership acquired",
+			    "backend=postgres", NULL, 0) > 0)
+				pg_leader = p[i];
+	ck_assert_msg(pg_leader != 0, "nobody leads while redis is down");
+	fell_back = tl_ms() - stopped;
+	ck_assert_int_eq(tl_sql_int(db, "SELECT count(*) FROM pg_locks WHERE "
+	    "locktype = 'advisory' AND objid = 7400314 AND granted"), 1);
+	ck_assert(metrics_show(port[pg_leader == p[0] ? 0 : 1],
+	    "outboxd_leader_backend{backend=\"postgres\"} 1"));
+	ck_assert(metrics_show(port[pg_leader == p[0] ? 0 : 1],
+	    "outboxd_connection_up{server=\"redis\"} 0"));
+
+	/* Delivery goes on, and so does compensation: a row whose
+	 * max_retry_times was lowered below its attempts goes DEAD. */
+	exhausted = tl_sql_int(db, "INSERT INTO t_transactional_message "
+	    "(queue_name, message_status, current_retry_times, "
+	    "max_retry_times, business_key) VALUES ('leader.outage', 2, 3, "
+	    "2, 'exhausted') RETURNING id");
+	ck_assert_int_eq(exhausted, first + N1);
+	enqueue("leader.outage", "b", N2);
+	ck_assert_int_eq(tl_wait_sql_int(db, N1 + N2, 30000, COUNT_STATUS(1)),
+	    N1 + N2);
+	ck_assert_int_eq(tl_wait_sql_int(db, 1, 30000, COUNT_STATUS(3)
+	    " AND business_key = 'exhausted' AND last_error LIKE "
+	    "'%%retries exhausted%%'"), 1);
+	swept = tl_ms() - stopped;
+	ck_assert_msg(swept < 10000, "work took %lld ms of the outage",
+	    (long long)swept);
+	for (int i = 0; i < 2; i++) {
+		pg_leaders += log_count2(p[i], "leadership acquired",
+		    "backend=postgres", NULL, 0);
+		ck_assert_int_eq(log_count(p[i], "redis is back"), 0);
+	}
+	ck_assert_int_eq(pg_leaders, 1);
+	/* The outage lasts 10 s. */
+	while (tl_ms() < stopped + 10000)
+		nap_ms(100);
+	tl_servers("start", "redis");
+	started = tl_ms();
+	/* Redis came back empty: someone takes the key again, and the
+	 * advisory lock goes once its holder is back on Redis. */
+	ck_assert(wait_lock_owner(p, 2, NULL, 30000) != 0);
+	key_back = tl_ms() - started;
+	for (int i = 0; i < 2; i++)
+		ck_assert(wait_log(p[i], "redis is back", 30000));
+	ck_assert_int_eq(tl_wait_sql_int(db, 0, 10000, "SELECT count(*) FROM "
+	    "pg_locks WHERE locktype = 'advisory' AND objid = 7400314"), 0);
+	lock_gone = tl_ms() - started;
+	ck_assert(lock_value(token, sizeof(token)));
+	ck_assert(metrics_show(port[token_owner(p, 2, token) == p[0] ? 0 : 1],
+	    "outboxd_leader_backend{backend=\"redis\"} 1"));
+	enqueue("leader.outage", "c", N3);
+	ck_assert_int_eq(tl_wait_sql_int(db, N1 + N2 + N3, 30000,
+	    COUNT_STATUS(1)), N1 + N2 + N3);
+	tally_collect(a, &t, 30000);
+	fprintf(stderr, "leader: redis down: advisory-lock leader after %lld "
+	    "ms, dead row swept after %lld ms; redis back: key taken after "
+	    "%lld ms, advisory lock gone after %lld ms; %lld rows, %lld "
+	    "duplicates\n", (long long)fell_back, (long long)swept,
+	    (long long)key_back, (long long)lock_gone, t.distinct, t.dups);
+	ck_assert_int_eq(t.distinct, N1 + N2 + N3);
+	ck_assert_int_eq(t.counts[exhausted - first], 0);
+	ck_assert_int_eq(t.dups, 0);
+	ck_assert_int_eq(stop(p[0]), 0);
+	ck_assert_int_eq(stop(p[1]), 0);
+	tally_free(&t);
+	tl_amqp_close(a);
+}
+END_TEST
+
+/* single-active: the standby relays nothing until the leader dies. */
+static void
+single_active(const char *extra, const char *standing_by, int phase,
+    int64_t bound_ms)
+{
+	enum { N = 3000 };
+	struct tl_amqp *a = tl_amqp_open();
+	struct tally t;
+	char yaml[512], queue[64];
+	pid_t p[2];
+	long long first, by_standby;
+	int64_t killed, took;
+
+	snprintf(queue, sizeof(queue), "leader.single%d", phase);
+	tl_queue(a, queue, "", "");
+	tl_consume(a, queue);
+	snprintf(yaml, sizeof(yaml), "relay.mode: single-active\n"
+	    "relay.batch_size: %d\nlog.level: debug\n%s", BATCH, extra);
+	p[0] = start(yaml);
+	ck_assert(wait_log(p[0], "leadership acquired", 20000));
+	ck_assert(wait_log(p[0], "outboxd ready", 20000));
+	p[1] = start(yaml);
+	/* Standing by: it can see who leads (Redis answered, or it holds
+	 * a session for the advisory lock) and relays nothing. */
+	ck_assert(wait_log(p[1], standing_by, 10000));
+	first = enqueue(queue, "s", N);
+	tally_init(&t, first, 2 * N);
+	ck_assert_int_eq(tl_wait_sql_int(db, N, 60000, COUNT_STATUS(1)), N);
+	ck_assert(!log_has(p[1], "batch done"));
+	ck_assert(!log_has(p[1], "leadership acquired"));
+	ck_assert(log_has(p[0], "batch done"));
+
+	killed = tl_ms();
+	kill9(p[0]);
+	enqueue(queue, "t", N);
+	ck_assert(wait_log(p[1], "leadership acquired", 30000));
+	took = tl_ms() - killed;
+	fprintf(stderr, "leader: single-active%s: standby took over after "
+	    "%lld ms\n", extra[0] ? " (no redis)" : "", (long long)took);
+	ck_assert_int_le(took, bound_ms);
+	ck_assert_int_eq(tl_wait_sql_int(db, 2 * N, 60000, COUNT_STATUS(1)),
+	    2 * N);
+	tally_collect(a, &t, 60000);
+	ck_assert_int_eq(t.distinct, 2 * N);
+	ck_assert_int_eq(t.dups, 0);
+	ck_assert_int_eq(stop(p[1]), 0);
+	/* The standby published the second half, and only that. */
+	by_standby = published_by(p[1]);
+	ck_assert_int_eq(by_standby, N);
+	tally_free(&t);
+	tl_amqp_close(a);
+}
+
+START_TEST(test_single_active_standby_takes_over)
+{
+	/* Key expiry, then the standby's next try. */
+	single_active("", "redis connected", 1, TTL_MS + TTL_MS / 3 +
+	    SLACK_MS);
+}
+END_TEST
+
+/* Without Redis the advisory lock elects; the standby must hold a
+ * session to take it when the leader dies. */
+START_TEST(test_single_active_without_redis)
+{
+	/* PostgreSQL frees the lock with the session; the standby tries
+	 * at least once a second. */
+	single_active("redis.enabled: false\n", "postgres connected", 2,
+	    1000 + SLACK_MS);
+}
+END_TEST
+
+/* Resident memory of a process in KiB. */
+static long
+rss_kib(pid_t pid)
+{
+	char path[64], line[256];
+	long kib = -1;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+	f = fopen(path, "r");
+	ck_assert_ptr_nonnull(f);
+	while (fgets(line, sizeof(line), f) != NULL)
+		if (strncmp(line, "VmRSS:", 6) == 0)
+			kib = atol(line + 6);
+	fclose(f);
+	return kib;
+}
+
+/* When the session named app last started a query, in ms since the
+ * epoch, once that is later than after_ms; -1 at the deadline. */
+static long long
+wait_query_after(const char *app, long long after_ms, int timeout_ms)
+{
+	int64_t deadline = tl_ms() + timeout_ms;
+	long long v;
+
+	for (;;) {
+		v = tl_sql_int(db, "SELECT coalesce(max((extract(epoch FROM "
+		    "query_start) * 1000)::int8), 0) FROM pg_stat_activity "
+		    "WHERE application_name = '%s'", app);
+		if (v > after_ms)
+			return v;
+		if (tl_ms() >= deadline)
+			return -1;
+		nap_ms(50);
+	}
+}
+
+/*
+ * A single-active standby holds a LISTENing session (for the advisory
+ * lock) but does not relay: it must still read and drop the wake-ups, or
+ * libpq keeps every one of them.
+ */
+START_TEST(test_standby_drops_wakeups)
+{
+	enum { NOTIFIES = 400000 };
+	const char *yaml = "relay.mode: single-active\nredis.enabled: false\n"
+	    "postgres.application_name: \"leader-standby\"\n";
+	pid_t p[2];
+	long before, after;
+	long long sent, tick;
+
+	p[0] = start("relay.mode: single-active\nredis.enabled: false\n");
+	ck_assert(wait_log(p[0], "leadership acquired", 20000));
+	p[1] = start(yaml);
+	ck_assert(wait_log(p[1], "postgres connected", 20000));
+	ck_assert(wait_query_after("leader-standby", 0, 10000) > 0);
+	before = rss_kib(p[1]);
+	/* Distinct payloads: PostgreSQL folds only equal ones. */
+	tl_sql(db, "SELECT count(pg_notify('outboxd', g::text)) FROM "
+	    "generate_series(1, %d) g", NOTIFIES);
+	sent = tl_sql_int(db, "SELECT (extract(epoch FROM clock_timestamp()) "
+	    "* 1000)::int8");
+	/* Two ticks of the standby: the first query after the NOTIFYs
+	 * read them all; its tick, and the next, dropped them. */
+	tick = wait_query_after("leader-standby", sent, 10000);
+	ck_assert_int_gt(tick, 0);
+	ck_assert_int_gt(wait_query_after("leader-standby", tick, 10000), 0);
+	after = rss_kib(p[1]);
+	fprintf(stderr, "leader: standby rss %ld KiB -> %ld KiB after %d "
+	    "wake-ups\n", before, after, NOTIFIES);
+	/* Kept, they would cost about 25 MiB. */
+	ck_assert_int_lt(after - before, 8 * 1024);
+	ck_assert(!log_has(p[1], "leadership acquired"));
+	ck_assert_int_eq(stop(p[1]), 0);
+	ck_assert_int_eq(stop(p[0]), 0);
+}
+END_TEST
+
+/*
+ * Per-key ordering: `keys` keys × `per_key` messages, body = sequence
+ * number.  Every 7th message of the first 20 keys goes to an exchange
+ * that does not exist yet, so it fails and is retried; it exists once
+ * the rest has gone out.
+ */
+static void
+ordering(bool on, int keys, int per_key)
+{
+	const int bad_keys = 20;
+	long long n = (long long)keys * per_key, first, good;
+	struct tl_amqp *a = tl_amqp_open();
+	amqp_connection_state_t adm = admin_open();
+	int *next_seq = calloc((size_t)keys, sizeof(*next_seq));
+	unsigned char *seen = calloc((size_t)n, 1);
+	long long got = 0, dups = 0, late = 0;
+	char yaml[256];
+	pid_t p[2];
+	struct tl_msg m;
+	int64_t t0;
+
+	ck_assert_ptr_nonnull(next_seq);
+	ck_assert_ptr_nonnull(seen);
+	amqp_exchange_delete(adm, 1, amqp_cstring_bytes("leader.late"), 0);
+	admin_ok(adm, "exchange.delete");
+	tl_queue(a, "leader.order", "", "");
+	tl_consume(a, "leader.order");
+	tl_sql(db, "SELECT outbox_enqueue(CASE WHEN k < %d AND s %% 7 = 0 "
+	    "THEN 'leader.late' ELSE '' END, 'leader.order', s::text, "
+	    "business_key => 'key-' || k, init_backoff => '100ms', "
+	    "backoff_factor => 1, max_retry_times => 10000) "
+	    "FROM generate_series(0, %d) k, generate_series(1, %d) s "
+	    "ORDER BY k, s", bad_keys, keys - 1, per_key);
+	first = tl_sql_int(db, "SELECT min(id) FROM t_transactional_message");
+	snprintf(yaml, sizeof(yaml), "relay.ordering: %s\n"
+	    "relay.batch_size: 500\n", on ? "business_key" : "none");
+	t0 = tl_ms();
+	p[0] = start(yaml);
+	p[1] = start(yaml);
+	/* Ordered: each bad key stops at its 7th message until it goes
+	 * through; unordered: only the bad rows are left. */
+	good = on ? (long long)(keys - bad_keys) * per_key + bad_keys * 6 :
+	    n - (long long)bad_keys * (per_key / 7);
+	ck_assert_int_eq(tl_wait_sql_int(db, good, 120000, COUNT_STATUS(1)),
+	    good);
+	ck_assert_int_ge(wait_at_least(bad_keys, 30000, "SELECT count(*) FROM "
+	    "t_transactional_message WHERE message_status = 2 AND "
+	    "exchange_name = 'leader.late'"), bad_keys);
+	if (on)
+		/* Nothing behind a failing row went out. */
+		ck_assert_int_eq(tl_sql_int(db, "SELECT count(*) FROM "
+		    "t_transactional_message m JOIN "
+		    "t_transactional_message_content c ON c.message_id = m.id "
+		    "WHERE m.message_status = 1 AND m.business_key IN (SELECT "
+		    "'key-' || k FROM generate_series(0, %d) k) AND "
+		    "convert_from(c.content, 'UTF8')::int > 7",
+		    bad_keys - 1), 0);
+	amqp_exchange_declare(adm, 1, amqp_cstring_bytes("leader.late"),
+	    amqp_cstring_bytes("direct"), 0, 1, 0, 0, amqp_empty_table);
+	admin_ok(adm, "exchange.declare");
+	amqp_queue_bind(adm, 1, amqp_cstring_bytes("leader.order"),
+	    amqp_cstring_bytes("leader.late"),
+	    amqp_cstring_bytes("leader.order"), amqp_empty_table);
+	admin_ok(adm, "queue.bind");
+	ck_assert_int_eq(tl_wait_sql_int(db, n, 120000, COUNT_STATUS(1)), n);
+	fprintf(stderr, "leader: ordering %s: %lld rows in %lld ms\n",
+	    on ? "on" : "off", n, (long long)(tl_ms() - t0));
+	/* A message is in order when every earlier one of its key came
+	 * before it (a duplicate of an earlier one is not a reordering). */
+	while (got < n && tl_next(a, 10000, &m)) {
+		long long id = m.message_id - first;
+		int key = atoi(m.business_key + strlen("key-"));
+		int seq = atoi(m.body);
+
+		ck_assert_msg(id >= 0 && id < n && key >= 0 && key < keys &&
+		    seq >= 1 && seq <= per_key, "stray message %lld %s %s",
+		    m.message_id, m.business_key, m.body);
+		if (seen[id]) {
+			dups++;
+		} else {
+			seen[id] = 1;
+			got++;
+			if (on)
+				ck_assert_msg(seq == next_seq[key] + 1,
+				    "%s: message %d arrived after %d",
+				    m.business_key, seq, next_seq[key]);
+			if (seq != next_seq[key] + 1)
+				late++;
+			if (seq > next_seq[key])
+				next_seq[key] = seq;
+		}
+		tl_msg_free(&m);
+	}
+	fprintf(stderr, "leader: ordering %s: %lld received, %lld out of "
+	    "order, %lld duplicates\n", on ? "on" : "off", got, late, dups);
+	ck_assert_int_eq(got, n);
+	ck_assert_int_eq(dups, 0);
+	if (on)
+		ck_assert_int_eq(late, 0);
+	else
+		/* Without ordering the failing rows do fall behind. */
+		ck_assert_int_gt(late, 0);
+	ck_assert_int_eq(stop(p[0]), 0);
+	ck_assert_int_eq(stop(p[1]), 0);
+	admin_close(adm);
+	free(seen);
+	free(next_seq);
+	tl_amqp_close(a);
+}
+
+START_TEST(test_ordering_by_key_holds_with_failures)
+{
+	ordering(true, 200, 50);
+}
+END_TEST
+
+START_TEST(test_ordering_off_delivers_all)
+{
+	ordering(false, 100, 20);
+}
+END_TEST
+
+/* --- the claim's plan ---------------------------------------------------- */
+
+/* Appends a C string literal's text at *p (past the opening quote). */
+static const char *
+append_literal(char *out, size_t size, size_t *len, const char *p)
+{
+	for (; *p != '\0' && *p != '"'; p++) {
+		if (*p == '\\' && p[1] != '\0')
+			p++;
+		if (*len + 1 < size)
+			out[(*len)++] = *p;
+	}
+	out[*len] = '\0';
+	return *p == '"' ? p + 1 : p;
+}
+
+/*
+ * Expands a string macro of store.c: string literals are concatenated,
+ * the identifier `name1` is replaced by text1 and `name2` by text2.
+ */
+static void
+expand_macro(const char *src, const char *define, const char *name1,
+    const char *text1, const char *name2, const char *text2, char *out,
+    size_t size)
+{
+	const char *p = strstr(src, define);
+	size_t len = 0;
+
+	ck_assert_msg(p != NULL, "store.c has no %s", define);
+	p += strlen(define);
+	out[0] = '\0';
+	for (;;) {
+		if (*p == '"') {
+			p = append_literal(out, size, &len, p + 1);
+		} else if (*p == '\\' && p[1] == '\n') {
+			p += 2;
+		} else if (*p == '\n' || *p == '\0') {
+			break;
+		} else if (isalpha((unsigned char)*p) || *p == '_') {
+			const char *id = p;
+			const char *text = NULL;
+
+			while (isalnum((unsigned char)*p) || *p == '_')
+				p++;
+			if (name1 && (size_t)(p - id) == strlen(name1) &&
+			    strncmp(id, name1, strlen(name1)) == 0)
+				text = text1;
+			else if (name2 && (size_t)(p - id) == strlen(name2) &&
+			    strncmp(id, name2, strlen(name2)) == 0)
+				text = text2;
+			ck_assert_msg(text != NULL, "unexpected %.*s in %s",
+			    (int)(p - id), id, define);
+			len += (size_t)snprintf(out + len, size - len, "%s",
+			    text);
+			ck_assert_uint_lt(len, size);
+		} else {
+			p++;
+		}
+	}
+}
+
+/* EXPLAIN EXECUTE name(500, true), custom then generic plan, as one
+ * string. */
+static void
+explain(const char *name, char *out, size_t size)
+{
+	PGresult *res;
+	size_t len = 0;
+
+	out[0] = '\0';
+	for (int generic = 0; generic < 2; generic++) {
+		char sql[128];
+
+		tl_sql(db, "SET plan_cache_mode = %s", generic ?
+		    "force_generic_plan" : "force_custom_plan");
+		snprintf(sql, sizeof(sql), "EXPLAIN EXECUTE %s(500, true)",
+		    name);
+		res = PQexec(db, sql);
+		ck_assert_msg(PQresultStatus(res) == PGRES_TUPLES_OK, "%s: %s",
+		    sql, PQerrorMessage(db));
+		for (int i = 0; i < PQntuples(res); i++)
+			len += (size_t)snprintf(out + len, size - len, "%s\n",
+			    PQgetvalue(res, i, 0));
+		PQclear(res);
+		ck_assert_uint_lt(len, size);
+	}
+	tl_sql(db, "RESET plan_cache_mode");
+}
+
+/* How many rows EXECUTE name(500, true) claims (rolled back). */
+static int
+claimed(const char *name)
+{
+	char sql[128];
+	PGresult *res;
+	int n;
+
+	snprintf(sql, sizeof(sql), "EXECUTE %s(500, true)", name);
+	tl_sql(db, "BEGIN");
+	res = PQexec(db, sql);
+	ck_assert_msg(PQresultStatus(res) == PGRES_TUPLES_OK, "%s: %s", sql,
+	    PQerrorMessage(db));
+	n = PQntuples(res);
+	PQclear(res);
+	tl_sql(db, "ROLLBACK");
+	return n;
+}
+
+/*
+ * The claim, as store.c builds it, with ordering on and 100,000 sent
+ * rows: it walks the partial due index, answers "an older unsent row
+ * with this key?" from the partial key index, and scans no table.
+ */
+START_TEST(test_claim_plan_stays_on_indexes)
+{
+	static char src[200000], due[1024], sql[8192], plan[32768];
+	char path[512];
+	const char *const names[] = { "claim_all", "claim_new" };
+	const char *const extras[] = { "", " AND m.message_status = 0" };
+	FILE *f;
+	size_t n;
+
+	snprintf(path, sizeof(path), "%s/daemon/store.c",
+	    tl_env("OUTBOXD_SRCDIR"));
+	f = fopen(path, "r");
+	ck_assert_msg(f != NULL, "%s: %s", path, strerror(errno));
+	n = fread(src, 1, sizeof(src) - 1, f);
+	src[n] = '\0';
+	fclose(f);
+	expand_macro(src, "#define DUE_PREDICATE", NULL, NULL, NULL, NULL,
+	    due, sizeof(due));
+	tl_sql(db, "INSERT INTO t_transactional_message (message_status, "
+	    "next_schedule_time, queue_name, business_key) SELECT 1, NULL, "
+	    "'leader.plan', 'key-' || g %% 500 FROM generate_series(1, 100000)"
+	    " g");
+	tl_sql(db, "INSERT INTO t_transactional_message (queue_name, "
+	    "business_key, message_status) SELECT 'leader.plan', 'key-' || "
+	    "g %% 200, CASE WHEN g %% 10 = 0 THEN 2 ELSE 0 END FROM "
+	    "generate_series(1, 2000) g");
+	/* No key, or an empty one: not ordered at all. */
+	tl_sql(db, "INSERT INTO t_transactional_message (queue_name, "
+	    "business_key) SELECT 'leader.plan', CASE WHEN g %% 2 = 0 THEN "
+	    "'' END FROM generate_series(1, 50) g");
+	tl_sql(db, "INSERT INTO t_transactional_message_content (message_id, "
+	    "content) SELECT id, 'x' FROM t_transactional_message");
+	tl_sql(db, "ANALYZE t_transactional_message");
+	tl_sql(db, "ANALYZE t_transactional_message_content");
+	for (int i = 0; i < 2; i++) {
+		expand_macro(src, "#define CLAIM_SQL(extra)", "DUE_PREDICATE",
+		    due, "extra", extras[i], sql, sizeof(sql));
+		tl_sql(db, "PREPARE %s(int, bool) AS %s", names[i], sql);
+		explain(names[i], plan, sizeof(plan));
+		ck_assert_msg(strstr(plan, "t_transactional_message_due_idx")
+		    != NULL, "%s does not use the due index:\n%s", names[i],
+		    plan);
+		ck_assert_msg(strstr(plan,
+		    "t_transactional_message_unsent_key_idx") != NULL,
+		    "%s does not use the key index:\n%s", names[i], plan);
+		ck_assert_msg(strstr(plan, "Seq Scan") == NULL,
+		    "%s scans a table:\n%s", names[i], plan);
+	}
+	/* And it claims the head of each key: 200 keys (for the new-rows
+	 * form, minus the 20 keys whose rows are all FAIL), and every row
+	 * without a key. */
+	ck_assert_int_eq(claimed("claim_all"), 200 + 50);
+	ck_assert_int_eq(claimed("claim_new"), 180 + 50);
+}
+END_TEST
+
+/* --- retention ----------------------------------------------------------- */
+
+/* SUCCESS rows older than relay.retention go, with their content, in
+ * chunks; newer ones and unsent or dead rows stay. */
+START_TEST(test_retention_purges_old_sent_rows)
+{
+	enum { OLD = 2500, RECENT = 500 };
+	pid_t p;
+
+	tl_sql(db, "BEGIN; SELECT outbox_enqueue('', 'leader.retention', 'o', "
+	    "business_module => 'old') FROM generate_series(1, %d); "
+	    "SELECT outbox_enqueue('', 'leader.retention', 'r', "
+	    "business_module => 'recent') FROM generate_series(1, %d); "
+	    "SELECT outbox_enqueue('', 'leader.retention', 'u', "
+	    "business_module => 'unsent', delay => '1 day') "
+	    "FROM generate_series(1, 100); "
+	    "SELECT outbox_enqueue('', 'leader.retention', 'd', "
+	    "business_module => 'dead') FROM generate_series(1, 100); "
+	    "UPDATE t_transactional_message SET message_status = 1, "
+	    "next_schedule_time = NULL, edit_time = now() - interval "
+	    "'10 days' WHERE business_module = 'old'; "
+	    "UPDATE t_transactional_message SET message_status = 1, "
+	    "next_schedule_time = NULL, edit_time = now() - interval "
+	    "'6 days 23 hours' WHERE business_module = 'recent'; "
+	    "UPDATE t_transactional_message SET edit_time = now() - interval "
+	    "'10 days' WHERE business_module = 'unsent'; "
+	    "UPDATE t_transactional_message SET message_status = 3, "
+	    "next_schedule_time = NULL, edit_time = now() - interval "
+	    "'10 days' WHERE business_module = 'dead'; COMMIT", OLD, RECENT);
+	p = start("relay.retention: 7d\n");
+	ck_assert_int_eq(tl_wait_sql_int(db, 0, 30000, "SELECT count(*) FROM "
+	    "t_transactional_message WHERE business_module = 'old'"), 0);
+	ck_assert(wait_log(p, "sent rows purged", 5000));
+	ck_assert_int_eq(log_count2(p, "sent rows purged", "rows=2500", NULL,
+	    0), 1);
+	ck_assert_int_eq(tl_sql_int(db, "SELECT count(*) FROM "
+	    "t_transactional_message WHERE business_module = 'recent' AND "
+	    "message_status = 1"), RECENT);
+	ck_assert_int_eq(tl_sql_int(db, "SELECT count(*) FROM "
+	    "t_transactional_message WHERE business_module = 'unsent' AND "
+	    "message_status = 0"), 100);
+	ck_assert_int_eq(tl_sql_int(db, "SELECT count(*) FROM "
+	    "t_transactional_message WHERE business_module = 'dead' AND "
+	    "message_status = 3"), 100);
+	/* The content went with its rows, and only that. */
+	ck_assert_int_eq(tl_sql_int(db, "SELECT count(*) FROM "
+	    "t_transactional_message_content"), RECENT + 200);
+	ck_assert_int_eq(tl_sql_int(db, "SELECT count(*) FROM "
+	    "t_transactional_message_content c LEFT JOIN "
+	    "t_transactional_message m ON m.id = c.message_id "
+	    "WHERE m.id IS NULL"), 0);
+	ck_assert_int_eq(stop(p), 0);
+}
+END_TEST
+
+/* --- server address forms ------------------------------------------------ */
+
+/* Enqueues n rows for queue, runs an instance until all arrived.  The
+ * queue is declared here unless the caller declared it. */
+static void
+deliver_with(pid_t (*launch)(void), const char *queue, bool declare, int n)
+{
+	struct tl_amqp *a = tl_amqp_open();
+	struct tally t;
+	pid_t p;
+
+	if (declare)
+		tl_queue(a, queue, "", "");
+	tl_consume(a, queue);
+	tally_init(&t, enqueue(queue, "n", n), n);
+	p = launch();
+	ck_assert_int_eq(tl_wait_sql_int(db, n, 60000, COUNT_STATUS(1)), n);
+	tally_collect(a, &t, 30000);
+	ck_assert_int_eq(t.distinct, n);
+	ck_assert_int_eq(t.dups, 0);
+	ck_assert_int_eq(stop(p), 0);
+	tally_free(&t);
+	tl_amqp_close(a);
+}
+
+static pid_t
+launch_node_list(void)
+{
+	char nodes[128];
+
+	snprintf(nodes, sizeof(nodes), "[\"127.0.0.1:1\", \"127.0.0.1:%s\"]",
+	    tl_env("OUTBOXD_AMQP_PORT"));
+	return start_custom(tl_env("OUTBOXD_PG_CONNINFO"), nodes);
+}
+
+/* A dead first node: outboxd goes on to the next one. */
+START_TEST(test_rabbitmq_node_list_skips_dead_node)
+{
+	char needle[128];
+	pid_t p;
+
+	deliver_with(launch_node_list, "leader.nodes", true, 200);
+	p = insts[0].pid;
+	ck_assert(log_has(p, "broker connect failed\" node=127.0.0.1:1 "));
+	snprintf(needle, sizeof(needle), "broker connected\" node=127.0.0.1:%s",
+	    tl_env("OUTBOXD_AMQP_PORT"));
+	ck_assert(log_has(p, needle));
+}
+END_TEST
+
+static pid_t
+launch_multi_host(void)
+{
+	char conninfo[256];
+
+	snprintf(conninfo, sizeof(conninfo), "host=127.0.0.1,127.0.0.1 "
+	    "port=1,%s dbname=outbox user=postgres "
+	    "target_session_attrs=read-write", tl_env("OUTBOXD_PG_PORT"));
+	return start_custom(conninfo, NULL);
+}
+
+/* libpq's host list: the first is down, the second is the primary. */
+START_TEST(test_postgres_multi_host_conninfo)
+{
+	deliver_with(launch_multi_host, "leader.multihost", true, 200);
+	ck_assert(log_has(insts[0].pid, "postgres connected"));
+}
+END_TEST
+
+static pid_t
+launch_default(void)
+{
+	return start(NULL);
+}
+
+/* A quorum queue takes persistent messages with confirms as a classic
+ * one does. */
+START_TEST(test_quorum_queue)
+{
+	amqp_connection_state_t adm = admin_open();
+	amqp_table_entry_t arg;
+	amqp_table_t args = { 1, &arg };
+
+	amqp_queue_delete(adm, 1, amqp_cstring_bytes("leader.quorum"), 0, 0);
+	admin_ok(adm, "queue.delete");
+	arg.key = amqp_cstring_bytes("x-queue-type");
+	arg.value.kind = AMQP_FIELD_KIND_UTF8;
+	arg.value.value.bytes = amqp_cstring_bytes("quorum");
+	amqp_queue_declare(adm, 1, amqp_cstring_bytes("leader.quorum"), 0, 1,
+	    0, 0, args);
+	admin_ok(adm, "queue.declare x-queue-type=quorum");
+	/* Declaring it classic now fails: it is a quorum queue. */
+	arg.value.value.bytes = amqp_cstring_bytes("classic");
+	amqp_queue_declare(adm, 1, amqp_cstring_bytes("leader.quorum"), 0, 1,
+	    0, 0, args);
+	ck_assert_int_ne(amqp_get_rpc_reply(adm).reply_type,
+	    AMQP_RESPONSE_NORMAL);
+	amqp_destroy_connection(adm);
+	deliver_with(launch_default, "leader.quorum", false, 2000);
+}
+END_TEST
+
+/* One case per test, so that CK_RUN_CASE=name runs one of them. */
+static void
+add(Suite *s, const char *name, const TTest *test)
+{
+	TCase *tc = tcase_create(name);
+
+	tcase_add_checked_fixture(tc, setup, teardown);
+	tcase_set_timeout(tc, 300);
+	tcase_add_test(tc, test);
+	suite_add_tcase(s, tc);
+}
+
+int
+main(void)
+{
+	Suite *s = suite_create("leader");
+	SRunner *sr;
+	int failed;
+
+	registry = mmap(NULL, MAX_INSTANCES * sizeof(*registry),
+	    PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	if (registry == MAP_FAILED) {
+		perror("mmap");
+		return 1;
+	}
+	memset(registry, 0, MAX_INSTANCES * sizeof(*registry));
+	add(s, "three", test_three_instances_each_row_once);
+	add(s, "sigkill", test_leader_sigkill_failover);
+	add(s, "key_deleted", test_key_deleted_two_leaders);
+	add(s, "redis_outage", test_redis_outage_falls_back_to_postgres);
+	add(s, "single_active", test_single_active_standby_takes_over);
+	add(s, "single_active_no_redis", test_single_active_without_redis);
+	add(s, "standby_wakeups", test_standby_drops_wakeups);
+	add(s, "ordering_on", test_ordering_by_key_holds_with_failures);
+	add(s, "ordering_off", test_ordering_off_delivers_all);
+	add(s, "claim_plan", test_claim_plan_stays_on_indexes);
+	add(s, "retention", test_retention_purges_old_sent_rows);
+	add(s, "rabbitmq_nodes", test_rabbitmq_node_list_skips_dead_node);
+	add(s, "postgres_multi_host", test_postgres_multi_host_conninfo);
+	add(s, "quorum_queue", test_quorum_queue);
+	sr = srunner_create(s);
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	registry_reap();
+	return failed == 0 ? 0 : 1;
+}
