@@ -193,3 +193,11 @@ fuzz: $(FUZZ_BINS)
 
 fuzz-long: $(FUZZ_BINS)
 	@tests/fuzz/run.sh $(FUZZ_LONG_SECONDS) $(FUZZ_BINS)
+
+# The fault suite for longer (100,000 rows a scenario, 60 SIGKILLs, more
+# restarts): FAULTS_SOAK=1; FAULTS_SEED=n replays a run's random moments.
+.PHONY: soak
+soak: all $(B)/tests/integration/check_faults
+	@FAULTS_SOAK=1 SUITE_TIMEOUT=$${SUITE_TIMEOUT:-7200} \
+		OUTBOXD_BIN=$(B)/outboxd tests/run-integration.sh \
+		$(B)/tests/integration/check_faults

@@ -65,11 +65,12 @@ struct opts {
 	int window;		/* raw publisher's confirm window */
 	const char *only;	/* comma list of phases, NULL = all */
 	bool sweep;		/* drain once per batch size as well */
+	int repeat;		/* runs per raw and drain figure; best kept */
 };
 
 static struct opts O = {
 	.rows = 200000, .backlog = 1000000, .latency_s = 30, .idle_s = 30,
-	.raw_s = 6, .batch = 1000, .window = 2000,
+	.raw_s = 6, .batch = 1000, .window = 2000, .repeat = 1,
 };
 
 /* ---- the table ---------------------------------------------------------- */
@@ -1121,10 +1122,15 @@ phase_raw(void)
 			int64_t conf = 0, cons = 0;
 
 			for (size_t b = 0; b < ARRAY_LEN(nconns); b++) {
-				struct raw_result r;
+				struct raw_result r, again;
 				size_t len = strlen(parts);
 
 				raw_run(nconns[b], nqs[a], live, &r);
+				for (int i = 1; i < O.repeat; i++) {
+					raw_run(nconns[b], nqs[a], live, &again);
+					if (again.rate > r.rate)
+						r = again;
+				}
 				note("raw broker, %s: %d queue(s), %d "
 				    "connection(s): %.0f msg/s (broker %.0f%% "
 				    "of a core, machine %.2f cores busy)",
@@ -1699,14 +1705,23 @@ drain_row(const char *figure, const struct drain_result *r, bool target)
 static struct drain_result drain1;	/* 1 queue, live: the baseline */
 static bool have_drain1;
 
+/* Drains on an empty table, O.repeat times; keeps the fastest run. */
 static void
 drain_fresh(struct drain_spec *sp, struct drain_result *r)
 {
-	PGconn *c = pg_open();
+	struct drain_result again;
 
-	reset_tables(c);
-	PQfinish(c);
-	drain(sp, r);
+	for (int i = 0; i < (sp->backlog || sp->idle ? 1 : O.repeat); i++) {
+		PGconn *c = pg_open();
+
+		reset_tables(c);
+		PQfinish(c);
+		drain(sp, i == 0 ? r : &again);
+		if (i > 0 && again.rate > r->rate && again.ok)
+			*r = again;
+		if (i > 0 && !again.ok)
+			*r = again;	/* a failed check must show */
+	}
 }
 
 static void
@@ -2086,7 +2101,9 @@ usage(FILE *out)
 	    " 3 s raw runs\n"
 	    "  --only LIST          phases: raw,pg,drain,ref,idle,latency,"
 	    "scale\n"
-	    "  --sweep              also drain once per batch size\n");
+	    "  --sweep              also drain once per batch size\n"
+	    "  --repeat N           run each raw and drain figure N times, "
+	    "keep the best (1)\n");
 }
 
 static long
@@ -2116,6 +2133,7 @@ main(int argc, char **argv)
 		{ "quick", no_argument, NULL, 'q' },
 		{ "only", required_argument, NULL, 'o' },
 		{ "sweep", no_argument, NULL, 's' },
+		{ "repeat", required_argument, NULL, 'n' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -2140,6 +2158,7 @@ main(int argc, char **argv)
 			break;
 		case 'o': O.only = optarg; break;
 		case 's': O.sweep = true; break;
+		case 'n': O.repeat = (int)num_arg(optarg, 1, 10); break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}

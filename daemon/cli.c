@@ -98,6 +98,11 @@ cmd_dead(struct store *s, int argc, char **argv)
 			return EXIT_USAGE;
 		}
 	}
+	/* "dead 5" must not quietly list 100 rows. */
+	if (optind < argc) {
+		fprintf(stderr, "usage: outboxd dead [--limit N]\n");
+		return EXIT_USAGE;
+	}
 	printf("id\texchange\trouting_key\tbusiness_key\tattempts\t"
 	    "edit_time\tlast_error\n");
 	if (store_list_dead(s, (int)limit, print_dead, NULL) == -1)

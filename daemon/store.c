@@ -208,6 +208,21 @@ prepare(struct store *s, const char *name, const char *sql, int nparams)
 	return rc;
 }
 
+static void
+log_notice(void *arg, const char *message)
+{
+	char text[512];
+	size_t len;
+
+	(void)arg;
+	snprintf(text, sizeof(text), "%s", message);
+	len = strlen(text);
+	if (len > 0 && text[len - 1] == '\n')
+		text[len - 1] = '\0';
+	log_debug("postgres notice", "text=%s",
+	    log_quote((char[600]){ 0 }, 600, text));
+}
+
 int
 store_connect(struct store *s)
 {
@@ -232,6 +247,9 @@ store_connect(struct store *s)
 		set_error(s, "postgres connect", PQerrorMessage(s->conn));
 		goto fail;
 	}
+	/* Server notices ("relation exists, skipping") would otherwise go
+	 * to stderr raw; keep every line logfmt. */
+	PQsetNoticeProcessor(s->conn, log_notice, NULL);
 	return 0;
 fail:
 	store_disconnect(s);

@@ -15,12 +15,33 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <hiredis/hiredis.h>
+
 #include "testlib.h"
 
 #define COUNT_STATUS(st) "SELECT count(*) FROM t_transactional_message " \
 	"WHERE message_status = " #st
 
 static PGconn *db;
+
+/* Leader keys of daemons that a failed test left behind (killed with
+ * it) would hold leadership back until their TTL ran out. */
+static void
+clear_leader_keys(void)
+{
+	redisContext *c = redisConnect("127.0.0.1",
+	    atoi(tl_env("OUTBOXD_REDIS_PORT")));
+	redisReply *r;
+
+	ck_assert_msg(c != NULL && c->err == 0, "redis: %s", c ? c->errstr :
+	    "out of memory");
+	r = redisCommand(c, "KEYS dmn:leader:*");
+	ck_assert_msg(r != NULL && r->type == REDIS_REPLY_ARRAY, "redis KEYS");
+	for (size_t i = 0; i < r->elements; i++)
+		freeReplyObject(redisCommand(c, "DEL %s", r->element[i]->str));
+	freeReplyObject(r);
+	redisFree(c);
+}
 
 static void
 setup(void)
@@ -30,6 +51,7 @@ setup(void)
 	tl_rabbitmq_freeze(false);
 	if (!tl_port_open(atoi(tl_env("OUTBOXD_AMQP_PORT"))))
 		tl_servers("start", "rabbitmq");
+	clear_leader_keys();
 	db = tl_pg();
 	tl_reset_db(db);
 }
@@ -389,7 +411,8 @@ recover_stuck(const char *app, int n)
 	ck_assert_int_eq(tl_sql_int(db, COUNT_STATUS(0)
 	    " AND current_retry_times = 0"), n);
 	first = tl_sql_int(db, "SELECT min(id) FROM t_transactional_message");
-	tl_config_write(cfg, sizeof(cfg), NULL);
+	tl_config_write(cfg, sizeof(cfg),
+	    "redis.key: \"dmn:leader:recover\"\n");
 	pid = tl_outboxd_start_file(cfg);
 	log = log_of(pid);
 	ck_assert_int_eq(tl_wait_sql_int(db, n, 60000, COUNT_STATUS(1)), n);
@@ -595,6 +618,10 @@ START_TEST(test_check_config_and_usage)
 	    good, "purge", "--older-than", "soon", NULL), 2);
 	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
 	    good, "dead", "--limit", "0", NULL), 2);
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    good, "dead", "5", NULL), 2);
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    good, "status", "extra", NULL), 2);
 	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
 	    good, "-h", NULL), 0);
 	ck_assert_msg(strstr(out, "usage:") != NULL, "out: %s", out);

@@ -831,7 +831,7 @@ setup(void)
 	leader_key_delete();
 	plan.soak = s != NULL && strcmp(s, "1") == 0;
 	plan.rows = plan.soak ? 100000 : 20000;
-	plan.stream_s = plan.soak ? 120 : 20;
+	plan.stream_s = plan.soak ? 120 : 15;
 	plan.kills = plan.soak ? 60 : 10;
 	plan.kill_gap_ms = 2000;
 	plan.leader_kills = plan.soak ? 8 : 3;
@@ -1080,8 +1080,11 @@ END_TEST
  * Three instances; the leader — the one whose token is in the Redis key,
  * matched to the "leader lock acquired" line of its log — is killed with
  * SIGKILL, and a replacement started.  Another instance must take over.
+ * In parallel mode the others go on relaying meanwhile; in single-active
+ * mode nobody relays until the dead leader's key expires.
  */
-START_TEST(test_leader_killed_among_three)
+static void
+kill_leaders(const char *name, const char *yaml)
 {
 	enum { N = 3 };
 	struct scenario s;
@@ -1091,10 +1094,10 @@ START_TEST(test_leader_killed_among_three)
 	char list[200];
 	int leader;
 
-	scenario_begin(&s, "leader-kill", plan.stream_s * 1000 +
+	scenario_begin(&s, name, plan.stream_s * 1000 +
 	    plan.leader_kills * 3000);
 	for (int i = 0; i < N; i++)
-		pids[i] = start_outboxd(BASE_YAML);
+		pids[i] = start_outboxd(yaml);
 	ck_assert_int_gt(wait_sent(1, 30000), 0);
 	leader = wait_leader(pids, N, "", tok, sizeof(tok), 30000);
 	ck_assert_msg(leader >= 0, "no leader among three instances");
@@ -1107,7 +1110,6 @@ START_TEST(test_leader_killed_among_three)
 		t0 = tl_ms();
 		tl_outboxd_kill(pids[leader]);
 		baseline = sent_count();
-		record_recovery(&s, t0, t0, baseline);
 		snprintf(prev, sizeof(prev), "%s", tok);
 		/* The dead leader's key expires after ttl (3 s); a
 		 * survivor takes over at its next try. */
@@ -1115,12 +1117,25 @@ START_TEST(test_leader_killed_among_three)
 		ck_assert_msg(next >= 0 && next != leader, "no new leader "
 		    "after killing instance %d", leader);
 		takeover[k] = tl_ms() - t0;
-		pids[leader] = start_outboxd(BASE_YAML);
+		record_recovery(&s, t0, t0, baseline);
+		pids[leader] = start_outboxd(yaml);
 		leader = next;
 	}
 	format_list(list, sizeof(list), takeover, plan.leader_kills);
 	snprintf(s.extra, sizeof(s.extra), "takeover_ms=[%s]", list);
 	scenario_end(&s, pids, N);
+}
+
+START_TEST(test_leader_killed_among_three)
+{
+	kill_leaders("leader-kill", BASE_YAML);
+}
+END_TEST
+
+START_TEST(test_single_active_leader_killed)
+{
+	kill_leaders("leader-kill-single-active", BASE_YAML
+	    "relay.mode: single-active\n");
 }
 END_TEST
 
@@ -1154,6 +1169,7 @@ main(void)
 		{ "rabbitmq-freeze", test_rabbitmq_frozen_mid_stream },
 		{ "redis", test_redis_outage_mid_stream },
 		{ "leader", test_leader_killed_among_three },
+		{ "leader-single", test_single_active_leader_killed },
 	};
 	Suite *s = suite_create("faults");
 	TCase *tc = tcase_create("faults");

@@ -1016,11 +1016,11 @@ wait_query_after(const char *app, long long after_ms, int timeout_ms)
  */
 START_TEST(test_standby_drops_wakeups)
 {
-	enum { NOTIFIES = 400000 };
+	enum { NOTIFIES = 300000, ROUNDS = 3 };
 	const char *yaml = "relay.mode: single-active\nredis.enabled: false\n"
 	    "postgres.application_name: \"leader-standby\"\n";
 	pid_t p[2];
-	long before, after;
+	long rss[ROUNDS];
 	long long sent, tick;
 
 	p[0] = start("relay.mode: single-active\nredis.enabled: false\n");
@@ -1028,22 +1028,27 @@ START_TEST(test_standby_drops_wakeups)
 	p[1] = start(yaml);
 	ck_assert(wait_log(p[1], "postgres connected", 20000));
 	ck_assert(wait_query_after("leader-standby", 0, 10000) > 0);
-	before = rss_kib(p[1]);
-	/* Distinct payloads: PostgreSQL folds only equal ones. */
-	tl_sql(db, "SELECT count(pg_notify('outboxd', g::text)) FROM "
-	    "generate_series(1, %d) g", NOTIFIES);
-	sent = tl_sql_int(db, "SELECT (extract(epoch FROM clock_timestamp()) "
-	    "* 1000)::int8");
-	/* Two ticks of the standby: the first query after the NOTIFYs
-	 * read them all; its tick, and the next, dropped them. */
-	tick = wait_query_after("leader-standby", sent, 10000);
-	ck_assert_int_gt(tick, 0);
-	ck_assert_int_gt(wait_query_after("leader-standby", tick, 10000), 0);
-	after = rss_kib(p[1]);
-	fprintf(stderr, "leader: standby rss %ld KiB -> %ld KiB after %d "
-	    "wake-ups\n", before, after, NOTIFIES);
-	/* Kept, they would cost about 25 MiB. */
-	ck_assert_int_lt(after - before, 8 * 1024);
+	for (int r = 0; r < ROUNDS; r++) {
+		/* Distinct payloads: PostgreSQL folds only equal ones. */
+		tl_sql(db, "SELECT count(pg_notify('outboxd', g::text)) FROM "
+		    "generate_series(1, %d) g", NOTIFIES);
+		sent = tl_sql_int(db, "SELECT (extract(epoch FROM "
+		    "clock_timestamp()) * 1000)::int8");
+		/* Two ticks of the standby: the first query after the
+		 * NOTIFYs read them all; its tick dropped them. */
+		tick = wait_query_after("leader-standby", sent, 10000);
+		ck_assert_int_gt(tick, 0);
+		ck_assert_int_gt(wait_query_after("leader-standby", tick,
+		    10000), 0);
+		rss[r] = rss_kib(p[1]);
+	}
+	fprintf(stderr, "leader: standby rss %ld KiB, then %ld KiB after %d "
+	    "more wake-ups\n", rss[0], rss[ROUNDS - 1],
+	    (ROUNDS - 1) * NOTIFIES);
+	/* A round may leave the heap grown (freed memory is not always
+	 * given back), but later rounds reuse it; kept wake-ups would add
+	 * about 19 MiB per round. */
+	ck_assert_int_lt(rss[ROUNDS - 1] - rss[0], 8 * 1024);
 	ck_assert(!log_has(p[1], "leadership acquired"));
 	ck_assert_int_eq(stop(p[1]), 0);
 	ck_assert_int_eq(stop(p[0]), 0);
