@@ -1409,6 +1409,7 @@ struct drain_result {
 	int64_t delivered, distinct, dups, strays;
 	long long success;
 	double batch_s, confirm_s, batches;	/* from /metrics */
+	int64_t confirm_us, db_us;		/* reference loops */
 	bool ok;
 };
 
@@ -1483,7 +1484,8 @@ ref_finish(struct ref_side *x, struct store_mark *marks)
  * batch is ever unconfirmed at the broker.
  */
 static long
-ref_loop(const struct drain_spec *sp, int64_t deadline)
+ref_loop(const struct drain_spec *sp, int64_t deadline,
+    struct drain_result *r)
 {
 	struct store_conf sc = { .conninfo = (char *)O.conninfo,
 		.connect_timeout_ms = 5000, .application_name = "bench-ref" };
@@ -1492,6 +1494,7 @@ ref_loop(const struct drain_spec *sp, int64_t deadline)
 	struct ref_side side[2];
 	struct mqpub p;
 	long done = 0;
+	int64_t t;
 	int x = 0;
 
 	memset(side, 0, sizeof(side));
@@ -1501,24 +1504,38 @@ ref_loop(const struct drain_spec *sp, int64_t deadline)
 		if (store_connect(side[i].s) == -1)
 			die("ref: %s", store_error(side[i].s));
 	}
+	/* The same split of the wall time as outboxd's metrics: from the
+	 * first publish to the last confirm, and the database work. */
+	t = us_now();
 	ref_claim(&side[0], sp->batch);
+	r->db_us += us_now() - t;
+	t = us_now();
 	ref_publish(&p, &side[0]);
+	r->confirm_us += us_now() - t;
 	while (side[x].b.n > 0) {
 		struct ref_side *cur = &side[x], *nxt = &side[pipe ? 1 - x : x];
 
+		t = us_now();
 		if (pipe)
 			ref_claim(nxt, sp->batch);
+		r->db_us += us_now() - t;
+		t = us_now();
 		if (mqpub_wait(&p, cur->end, deadline) == -1)
 			die("ref: %s", p.err);
 		if (pipe && nxt->b.n > 0)
 			ref_publish(&p, nxt);
+		r->confirm_us += us_now() - t;
+		t = us_now();
 		done += (long)ref_finish(cur, marks);
-		if (pipe) {
-			x = 1 - x;
-		} else {
+		if (!pipe)
 			ref_claim(cur, sp->batch);
+		r->db_us += us_now() - t;
+		t = us_now();
+		if (pipe)
+			x = 1 - x;
+		else
 			ref_publish(&p, cur);
-		}
+		r->confirm_us += us_now() - t;
 	}
 	if (p.nacked > 0 || p.returned > 0)
 		die("ref: %" PRId64 " nacked, %" PRId64 " returned", p.nacked,
@@ -1572,6 +1589,7 @@ drain(const struct drain_spec *sp, struct drain_result *r)
 	memset(r, 0, sizeof(*r));
 	r->spec = *sp;
 	mq_fresh_queues(bench_queues, sp->nq);
+	/* ref_loop adds to these. */
 	if (sp->live)
 		consumer_start(&k, bench_queues, sp->nq, sp->lo, sp->n, false);
 	/* Every drain starts without checkpoint debt. */
@@ -1595,7 +1613,7 @@ drain(const struct drain_spec *sp, struct drain_result *r)
 	m.t_us = t0;
 	/* Generous: a thousand messages a second at worst. */
 	deadline = t0 + 60000000 + (int64_t)sp->n * 1000;
-	if (!outboxd && ref_loop(sp, deadline) != sp->n)
+	if (!outboxd && ref_loop(sp, deadline, r) != sp->n)
 		note("%s: the loop did not send every row", sp->tag);
 	r->ok = !sp->live || consumer_wait(&k, sp->n, deadline);
 	r->ok = rows_all_sent(c, sp->lo, sp->lo + sp->n - 1, deadline) &&
@@ -1660,15 +1678,18 @@ static void
 drain_breakdown(char *buf, size_t size, const struct drain_result *r)
 {
 	if (r->spec.relay != RELAY_OUTBOXD) {
-		strfmt(buf, size, "broker %.0f%% core, machine %.1f cores",
-		    r->cpu.beam, r->cpu.machine);
+		strfmt(buf, size, "publish to confirm %.0f%%, db %.0f%% of "
+		    "wall; broker %.0f%% core, machine %.1f cores",
+		    (double)r->confirm_us / 1e4 / r->secs,
+		    (double)r->db_us / 1e4 / r->secs, r->cpu.beam,
+		    r->cpu.machine);
 		return;
 	}
 	if (r->batches <= 0) {
 		strfmt(buf, size, "no metrics");
 		return;
 	}
-	strfmt(buf, size, "confirm wait %.0f%%, db %.0f%% of wall; "
+	strfmt(buf, size, "publish to confirm %.0f%%, db %.0f%% of wall; "
 	    "outboxd %.0f%% core, broker %.0f%%, machine %.1f cores",
 	    100 * r->confirm_s / r->secs,
 	    100 * (r->batch_s - r->confirm_s) / r->secs, r->cpu.relay,

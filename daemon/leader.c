@@ -29,9 +29,6 @@ struct leader {
 	int64_t next_compensation_ms;
 	int64_t next_purge_ms;
 	struct leader_gauges gauges;
-	/* Store reconnects of a single-active standby, see ensure_store. */
-	struct backoff_cursor store_retry;
-	int64_t store_retry_at;
 };
 
 struct leader *
@@ -45,7 +42,6 @@ leader_new(const struct lock_conf *lock_conf, const struct relay_conf *conf,
 	if (lock_conf->enabled)
 		l->lock = lock_new(lock_conf);
 	l->redis_was_up = true;
-	backoff_cursor_init(&l->store_retry, &conf->reconnect);
 	return l;
 }
 
@@ -62,7 +58,6 @@ void
 leader_set_conf(struct leader *l, const struct relay_conf *conf)
 {
 	l->conf = *conf;
-	l->store_retry.params = conf->reconnect;
 }
 
 const char *
@@ -94,45 +89,14 @@ set_leader(struct leader *l, bool is_leader, enum leader_backend backend)
 	l->backend = is_leader ? backend : LEADER_BACKEND_NONE;
 }
 
-/*
- * The advisory lock needs the store's session.  The relay keeps it up
- * while it relays; a single-active standby does not relay, so without
- * this it would never connect, and never lead while Redis is down or
- * disabled.  Connects like the relay would (LISTEN included), paced by
- * the reconnect backoff.
- */
-static bool
-ensure_store(struct leader *l)
-{
-	int64_t now;
-
-	if (store_connected(l->store))
-		return true;
-	if (l->conf.mode != RELAY_SINGLE_ACTIVE)
-		return false;		/* the relay reconnects it */
-	now = now_mono_ms();
-	if (now < l->store_retry_at)
-		return false;
-	if (store_connect(l->store) == 0 && store_listen(l->store) == 0) {
-		log_info("postgres connected", "for=leader-lock");
-		backoff_cursor_reset(&l->store_retry);
-		return true;
-	}
-	l->store_retry_at = now + backoff_cursor_next(&l->store_retry);
-	log_warn("postgres unavailable for the leader lock", "retry_in_ms=%"
-	    PRId64 " error=%s", l->store_retry_at - now,
-	    log_quote((char[600]){ 0 }, 600, store_error(l->store)));
-	store_disconnect(l->store);
-	return false;
-}
-
 /* Leadership through PostgreSQL's advisory lock, on the store session. */
 static void
 seek_postgres_leadership(struct leader *l)
 {
 	bool held = false;
 
-	if (ensure_store(l) &&
+	/* The relay keeps the session up, also in single-active standby. */
+	if (store_connected(l->store) &&
 	    store_try_leader_lock(l->store, &held) == -1) {
 		log_warn("advisory lock failed", "error=%s",
 		    log_quote((char[600]){ 0 }, 600, store_error(l->store)));
@@ -219,13 +183,6 @@ leader_tick(struct leader *l)
 	if (l->is_leader && store_connected(l->store) &&
 	    now_mono_ms() >= l->next_compensation_ms)
 		compensate(l);
-	/* A single-active standby does not relay, yet its session LISTENs
-	 * (it led before, or holds a session for the advisory lock).  Read
-	 * and drop the wake-ups: left unread they pile up in libpq, and
-	 * hold PostgreSQL's notification queue back. */
-	if (!l->is_leader && l->conf.mode == RELAY_SINGLE_ACTIVE &&
-	    store_connected(l->store) && store_drain_notifies(l->store) == -1)
-		store_disconnect(l->store);
 	return l->is_leader;
 }
 

@@ -185,7 +185,7 @@ daemon_step(struct daemon *d, int64_t max_wait_ms)
 	if (!single || leader)
 		relay_step(d->relay, max_wait_ms);
 	else
-		sleep_ms(max_wait_ms, &stop_requested);
+		relay_standby(d->relay, max_wait_ms);
 	report_state(d);
 }
 

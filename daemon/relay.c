@@ -438,28 +438,49 @@ idle_timeout(struct relay *r, int64_t max_wait_ms)
 	return wait < max_wait_ms ? wait : max_wait_ms;
 }
 
+/*
+ * Brings both servers up; when one is still down, sleeps until its
+ * retry time (within max_wait_ms) and returns false.
+ */
+static bool
+connections_up(struct relay *r, int64_t max_wait_ms)
+{
+	int64_t retry_at;
+
+	if (ensure_store(r) && ensure_broker(r))
+		return true;
+	retry_at = store_connected(r->store) ? r->broker_retry_at :
+	    r->store_retry_at;
+	if (!broker_connected(r->broker) && r->broker_retry_at < retry_at)
+		retry_at = r->broker_retry_at;
+	retry_at -= now_mono_ms();
+	sleep_ms(retry_at < max_wait_ms ? retry_at : max_wait_ms, NULL);
+	return false;
+}
+
+/* rabbitmq-c answers heartbeats and notices a closed connection only
+ * when called: do it while idle too. */
+static void
+tick_broker(struct relay *r)
+{
+	if (broker_connected(r->broker) && broker_tick(r->broker) == -1)
+		broker_disconnect(r->broker);
+}
+
 void
 relay_step(struct relay *r, int64_t max_wait_ms)
 {
 	size_t claimed = 0;
-	int64_t retry_at;
 
-	if (!ensure_store(r) || !ensure_broker(r)) {
-		/* Sleep until the earlier retry time, within the bound. */
-		retry_at = store_connected(r->store) ? r->broker_retry_at :
-		    r->store_retry_at;
-		if (!broker_connected(r->broker) && r->broker_retry_at <
-		    retry_at)
-			retry_at = r->broker_retry_at;
-		retry_at -= now_mono_ms();
-		sleep_ms(retry_at < max_wait_ms ? retry_at : max_wait_ms,
-		    NULL);
+	if (!connections_up(r, max_wait_ms))
 		return;
-	}
 	if (relay_cycle(r, &claimed) == -1)
-		return;		/* ensure_* reconnects on the next step */
-	/* A full batch means a backlog: claim again at once. */
-	if (claimed == (size_t)r->conf.batch_size)
+		return;		/* connections_up reconnects next step */
+	/* A full batch means a backlog: claim again at once.  With per-key
+	 * ordering, a batch holds one row per key, so the next row of each
+	 * key is due right after this one: go again too. */
+	if (claimed == (size_t)r->conf.batch_size ||
+	    (claimed > 0 && r->conf.ordering_by_key))
 		return;
 	/* Notifications that arrived during the cycle are for rows it may
 	 * not have seen: drain them, and if any, go round again. */
@@ -467,8 +488,17 @@ relay_step(struct relay *r, int64_t max_wait_ms)
 		return;
 	if (store_connected(r->store))
 		wait_for_work(r, idle_timeout(r, max_wait_ms));
-	/* rabbitmq-c answers heartbeats and notices a closed connection
-	 * only when called: do it while idle too. */
-	if (broker_connected(r->broker) && broker_tick(r->broker) == -1)
-		broker_disconnect(r->broker);
+	tick_broker(r);
+}
+
+void
+relay_standby(struct relay *r, int64_t max_wait_ms)
+{
+	/* A hot standby keeps both connections up, so that it is ready
+	 * (and healthy) the moment it becomes leader, but claims nothing;
+	 * its wake-ups are read and dropped. */
+	if (!connections_up(r, max_wait_ms))
+		return;
+	wait_for_work(r, max_wait_ms);
+	tick_broker(r);
 }

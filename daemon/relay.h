@@ -67,6 +67,9 @@ void relay_set_retries(struct relay *, bool);
  */
 void relay_step(struct relay *, int64_t max_wait_ms);
 
+/* Keeps the connections up without claiming (single-active standby). */
+void relay_standby(struct relay *, int64_t max_wait_ms);
+
 /* One cycle: claim → publish → await confirms → mark.  Sets *claimed to
  * the batch size; returns -1 when a server failed mid-way. */
 int relay_cycle(struct relay *, size_t *claimed) WARN_UNUSED;
