@@ -386,7 +386,9 @@ start_rabbitmq() {
 	fi
 	# A session of its own: a test runner that kills its process group
 	# when a test ends (Check does) must not take the server with it.
-	setsid "$RABBIT_BIN/rabbitmq-server" >"$DIR/rabbitmq/console.log" 2>&1 &
+	# Its working directory is where Mnesia drops core files on a crash.
+	(cd "$DIR/rabbitmq" && exec setsid "$RABBIT_BIN/rabbitmq-server") \
+		>"$DIR/rabbitmq/console.log" 2>&1 &
 	local server_pid=$!
 	# await_startup fails at once until the node has registered with epmd,
 	# so poll it; give up early if the server process died.
