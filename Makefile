@@ -102,7 +102,7 @@ deps:
 	@tests/deps.sh
 
 test: deps
-	@$(MAKE) --no-print-directory unit integration
+	@$(MAKE) --no-print-directory unit integration fuzz FUZZ_SECONDS=60
 
 unit: $(B)/outboxd $(UNIT_BINS)
 	@OUTBOXD_BIN=$(B)/outboxd tests/run-unit.sh $(UNIT_BINS) $(UNIT_SCRIPTS)

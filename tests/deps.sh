@@ -10,6 +10,7 @@ packages=(
 	postgresql-15 postgresql-client-15 rabbitmq-server redis-server
 	redis-tools amqp-tools iproute2 procps valgrind
 	python3-psycopg2 nodejs systemd docker-compose
+	clang libclang-rt-14-dev openssl
 )
 if [ -n "${OUTBOXD_EXTRA_PACKAGES:-}" ]; then
 	read -r -a extra <<<"$OUTBOXD_EXTRA_PACKAGES"
