@@ -8,7 +8,8 @@
 #   BENCH_ARGS=--quick make bench          (options through make)
 #
 # The table goes to stdout; progress and the machine's description go to
-# stderr.  KEEP_BENCH_DIR=1 keeps the directory (server and outboxd logs).
+# stderr.  KEEP_BENCH_DIR=1 keeps the directory (server and outboxd logs);
+# BENCH_SQL runs SQL first (diagnostics, see below).
 set -euo pipefail
 
 : "${OUTBOXD_BIN:?set OUTBOXD_BIN to the outboxd binary}"
@@ -36,6 +37,12 @@ tests/servers.sh start "$dir" >&2
 # shellcheck disable=SC1091
 . "$dir/env.sh"
 "$OUTBOXD_BIN" -c "$dir/outboxd.yml" migrate >&2
+# Diagnostics: SQL to run before the benchmark, e.g. to log slow plans:
+#   BENCH_SQL="ALTER DATABASE outbox SET session_preload_libraries =
+#     'auto_explain'; ALTER DATABASE outbox SET auto_explain.log_min_duration = 20"
+if [ -n "${BENCH_SQL:-}" ]; then
+	psql -q -v ON_ERROR_STOP=1 -c "$BENCH_SQL" >&2
+fi
 
 {
 	echo "== machine"

@@ -376,16 +376,17 @@ START_TEST(test_unknown_exchange)
 		tl_exchange(a, ex, "direct");
 		tl_queue(a, q, ex, "k");
 		tl_consume(a, q);
-		ck_assert_int_eq(tl_wait_sql_int(db, 1, 30000, "SELECT count(*) "
-		    "FROM t_transactional_message WHERE business_key = "
-		    "'missing-exchange' AND message_status = 1"), 1);
+		ck_assert_int_eq(tl_wait_sql_int(db, 1, 30000,
+		    "SELECT count(*) FROM t_transactional_message WHERE "
+		    "business_key = 'missing-exchange' AND "
+		    "message_status = 1"), 1);
 		id = tl_sql_int(db, "SELECT id FROM t_transactional_message "
 		    "WHERE business_key = 'missing-exchange'");
 		ck_assert(tl_next(a, 10000, &m));
 		ck_assert_int_eq(m.message_id, id);
 		ck_assert_int_ge(m.attempt, 2);
-		fprintf(stderr, "badrows: missing-exchange delivered on attempt "
-		    "%d once declared\n", m.attempt);
+		fprintf(stderr, "badrows: missing-exchange delivered on "
+		    "attempt %d once declared\n", m.attempt);
 		tl_msg_free(&m);
 		tl_exchange_delete(a, ex);
 		tl_amqp_close(a);

@@ -1,17 +1,17 @@
 /*
  * Faults mid-stream: outboxd killed with SIGKILL at random moments,
- * RabbitMQ and PostgreSQL restarted, Redis stopped, a leader killed among
- * three instances.  Rows flow in while it happens; afterwards every row
- * must be SUCCESS and received, duplicates bounded by the batches in
- * flight at the faults, and no row left locked.  FAULTS_SOAK=1 runs
- * longer with more faults; FAULTS_SEED=n replays a run's random moments.
+ * RabbitMQ and PostgreSQL restarted, killed or frozen, Redis stopped, an
+ * instance hung, a leader killed among three instances.  Rows flow in
+ * while it happens; afterwards every row must be SUCCESS and received,
+ * duplicates bounded by the batches in flight at the faults, and no row
+ * left locked.  FAULTS_SOAK=1 runs longer with more faults; FAULTS_SEED=n
+ * replays a run's random moments; FAULTS_ONLY=a,b picks scenarios.
  */
 #include <check.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -47,6 +47,7 @@ struct plan {
 	int leader_kills;	/* among three instances */
 	int restarts;		/* of RabbitMQ and PostgreSQL each */
 	int redis_outage_ms;
+	int hang_ms;		/* how long an instance stays SIGSTOPped */
 };
 
 static struct plan plan;
@@ -297,24 +298,26 @@ struct producer {
 	pthread_t thread;
 	long long target;
 	int duration_ms;
-	atomic_llong inserted;
-	atomic_int stop;
 	atomic_int errors;	/* failed inserts, retried */
-	uint64_t rng;		/* its own: the main thread uses the other */
+	uint64_t rng;		/* its own PRNG state */
+	const char *conninfo;
 };
 
+/* Connects, through a restart if need be; NULL after two minutes (the
+ * row count then tells the test what went wrong). */
 static PGconn *
-producer_connect(struct producer *p)
+producer_connect(const char *conninfo)
 {
+	int64_t deadline = tl_ms() + 120000;
 	PGconn *c;
 
-	while (!atomic_load(&p->stop)) {
-		c = PQconnectdb(tl_env("OUTBOXD_PG_CONNINFO"));
+	do {
+		c = PQconnectdb(conninfo);
 		if (PQstatus(c) == CONNECTION_OK)
 			return c;
 		PQfinish(c);
 		nap_ms(100);
-	}
+	} while (tl_ms() < deadline);
 	return NULL;
 }
 
@@ -325,19 +328,19 @@ producer_connect(struct producer *p)
  * Inserts target rows over duration_ms at an even pace on average: a
  * trickle of two rows every TRICKLE_MS, and bursts of random size (1 to
  * MAX_CHUNK rows, one statement each) so that faults find batches of
- * every size in flight.  A chunk that fails (PostgreSQL
- * restarting) may or may not have committed: the table's own count
- * says, after a reconnect.
+ * every size in flight.  A chunk that fails (PostgreSQL restarting) may
+ * or may not have committed: the table's own count says, after a
+ * reconnect.
  */
 static void *
 producer_main(void *arg)
 {
 	struct producer *p = arg;
-	PGconn *c = producer_connect(p);
+	PGconn *c = producer_connect(p->conninfo);
 	int64_t t0 = tl_ms(), last = 0;
 	long long done = 0, want = 1;
 
-	while (c != NULL && done < p->target && !atomic_load(&p->stop)) {
+	while (c != NULL && done < p->target) {
 		long long due = p->target * (tl_ms() - t0) / p->duration_ms;
 		long long k = due - done;
 		uint64_t z;
@@ -364,30 +367,22 @@ producer_main(void *arg)
 		if (k > p->target - done)
 			k = p->target - done;
 		snprintf(sql, sizeof(sql), "SELECT count(outbox_enqueue('', "
-		    "'" QUEUE "', 'fault row ' || g || ' ' || repeat('x', 100)))"
-		    " FROM generate_series(1, %lld) g", k);
+		    "'" QUEUE "', 'fault row ' || g || ' ' || "
+		    "repeat('x', 100))) FROM generate_series(1, %lld) g", k);
 		res = PQexec(c, sql);
 		if (PQresultStatus(res) == PGRES_TUPLES_OK) {
 			done += k;
 		} else {
 			atomic_fetch_add(&p->errors, 1);
-			while (!atomic_load(&p->stop)) {
-				long long n;
-
-				PQfinish(c);
-				if ((c = producer_connect(p)) == NULL)
-					break;
-				n = try_int(c, "SELECT count(*) FROM "
+			PQfinish(c);
+			c = producer_connect(p->conninfo);
+			if (c != NULL)
+				done = try_int(c, "SELECT count(*) FROM "
 				    "t_transactional_message");
-				if (n >= 0) {
-					done = n;
-					break;
-				}
-				nap_ms(100);
-			}
+			if (done < 0)
+				break;
 		}
 		PQclear(res);
-		atomic_store(&p->inserted, done);
 	}
 	PQfinish(c);
 	return NULL;
@@ -400,6 +395,7 @@ producer_start(struct producer *p, long long rows, int duration_ms)
 	p->target = rows;
 	p->duration_ms = duration_ms > 0 ? duration_ms : 1;
 	p->rng = rng_next();
+	p->conninfo = tl_env("OUTBOXD_PG_CONNINFO");
 	ck_assert_int_eq(pthread_create(&p->thread, NULL, producer_main, p),
 	    0);
 }
@@ -415,7 +411,7 @@ producer_join(struct producer *p)
 struct seen {
 	int64_t id;		/* 0 = empty slot */
 	uint32_t fresh;		/* deliveries with redelivered = false */
-	uint32_t again;		/* redeliveries (an ack lost on our side) */
+	uint32_t again;		/* redeliveries (our ack was lost) */
 };
 
 struct consumer {
@@ -785,13 +781,12 @@ scenario_end(struct scenario *s, const pid_t *pids, int npids)
 	format_list(down, sizeof(down), s->down_ms, s->nfaults);
 	fprintf(stderr, "faults: scenario=%s seed=%" PRIu64 " rows=%lld "
 	    "sent=%lld received=%zu lost=%lld phantom=%lld duplicated=%lld "
-	    "dup_ids=%lld "
-	    "bound=%lld faults=%d recovery_ms=[%s] max_recovery_ms=%" PRId64
-	    " down_ms=[%s] retried_rows=%lld deliveries=%zu "
-	    "consumer_reconnects=%d producer_retries=%d%s%s\n", s->name, seed, rows, sent,
-	    s->cons.distinct, lost, phantom, dups, dup_ids, bound, s->nfaults,
-	    recov,
-	    max_rec, down, retried, s->cons.deliveries, s->cons.reconnects,
+	    "dup_ids=%lld bound=%lld faults=%d recovery_ms=[%s] "
+	    "max_recovery_ms=%" PRId64 " down_ms=[%s] retried_rows=%lld "
+	    "deliveries=%zu consumer_reconnects=%d producer_retries=%d%s%s\n",
+	    s->name, seed, rows, sent, s->cons.distinct, lost, phantom, dups,
+	    dup_ids, bound, s->nfaults, recov, max_rec, down, retried,
+	    s->cons.deliveries, s->cons.reconnects,
 	    atomic_load(&s->prod.errors), s->extra[0] ? " " : "", s->extra);
 	ck_assert_msg(lost == 0, "%s: %lld SUCCESS rows never received",
 	    s->name, lost);
@@ -806,13 +801,14 @@ scenario_end(struct scenario *s, const pid_t *pids, int npids)
 		ck_assert_int_eq(tl_outboxd_stop(pids[i], 30000), 0);
 }
 
-/* --- fixtures --------------------------------------------------------------- */
+/* --- fixtures ----------------------------------------------------------- */
 
 static void
 setup(void)
 {
 	const char *s = getenv("FAULTS_SOAK");
 
+	(void)tl_ms();	/* start its clock here, not in a thread */
 	end_leftovers();
 	/* A test that failed half-way may have left a server down. */
 	tl_servers("start", "pg");
@@ -837,6 +833,7 @@ setup(void)
 	plan.leader_kills = plan.soak ? 8 : 3;
 	plan.restarts = plan.soak ? 3 : 1;
 	plan.redis_outage_ms = 10000;
+	plan.hang_ms = 8000;
 	s = getenv("FAULTS_SEED");
 	seed = s != NULL ? strtoull(s, NULL, 10) :
 	    (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
@@ -854,7 +851,7 @@ teardown(void)
 	end_leftovers();
 }
 
-/* --- the scenarios ---------------------------------------------------------- */
+/* --- the scenarios ------------------------------------------------------ */
 
 /* Whether outboxd has a batch open: claimed and locked, not yet marked
  * (its session is idle in transaction while it awaits confirms). */
@@ -1077,6 +1074,72 @@ START_TEST(test_redis_outage_mid_stream)
 END_TEST
 
 /*
+ * An instance hung in the middle of a batch (SIGSTOP: what a VM pause,
+ * a debugger or a swap storm does) while a second one runs.  The hung
+ * one holds its batch's row locks: the other skips those rows (SKIP
+ * LOCKED), so they wait for the hung instance to resume or die, and the
+ * scenario reports how many waited (stranded_rows; recovery_ms is when
+ * they were sent).  Once it resumes, nothing is lost.  PostgreSQL's
+ * idle_in_transaction_session_timeout on outboxd's sessions would free
+ * them while it hangs; see docs/RELIABILITY.md.
+ */
+START_TEST(test_hung_instance_mid_batch)
+{
+	struct scenario s;
+	pid_t pids[2];
+	long long max_id, stranded, baseline;
+	int64_t t0, t_cont, t_done = 0;
+	bool caught = false;
+	char sql[256];
+
+	scenario_begin(&s, "hung-instance", plan.stream_s * 1000 +
+	    plan.hang_ms);
+	pids[0] = start_outboxd(BASE_YAML);
+	ck_assert_int_ge(wait_sent(plan.rows / 4, 120000), plan.rows / 4);
+	/* Alone, any open outboxd transaction is this instance's batch. */
+	for (int tries = 0; tries < 100 && !caught; tries++) {
+		int64_t until = tl_ms() + 5000;
+
+		while (tl_ms() < until && !batch_in_flight())
+			;
+		kill(pids[0], SIGSTOP);
+		caught = batch_in_flight();
+		if (!caught)
+			kill(pids[0], SIGCONT);
+	}
+	ck_assert_msg(caught, "never caught a batch in flight");
+	t0 = tl_ms();
+	max_id = tl_sql_int(db, "SELECT max(id) FROM t_transactional_message");
+	baseline = sent_count();
+	pids[1] = start_outboxd(BASE_YAML);
+	/* Rows older than the freeze still unsent: soon only the hung
+	 * batch's, unless its locks are taken from it. */
+	snprintf(sql, sizeof(sql), "SELECT count(*) FROM "
+	    "t_transactional_message WHERE message_status <> 1 AND id <= %lld",
+	    max_id);
+	while (tl_ms() < t0 + plan.hang_ms) {
+		if (t_done == 0 && try_int(db, sql) == 0)
+			t_done = tl_ms();
+		nap_ms(100);
+	}
+	stranded = tl_sql_int(db, "%s", sql);
+	kill(pids[0], SIGCONT);
+	t_cont = tl_ms();
+	ck_assert_msg(tl_wait_sql_int(db, 0, 60000, "%s", sql) == 0,
+	    "rows of the hung batch never sent");
+	if (t_done == 0)
+		t_done = tl_ms();
+	ck_assert_int_lt(s.nfaults, MAX_FAULTS);
+	s.down_ms[s.nfaults] = t_cont - t0;
+	s.recovery_ms[s.nfaults++] = t_done - t0;
+	snprintf(s.extra, sizeof(s.extra), "stranded_rows=%lld "
+	    "hung_batch_sent_while_hung=%s sent_by_other=%lld", stranded,
+	    t_done < t_cont ? "yes" : "no", sent_count() - baseline);
+	scenario_end(&s, pids, 2);
+}
+END_TEST
+
+/*
  * Three instances; the leader — the one whose token is in the Redis key,
  * matched to the "leader lock acquired" line of its log — is killed with
  * SIGKILL, and a replacement started.  Another instance must take over.
@@ -1110,6 +1173,9 @@ kill_leaders(const char *name, const char *yaml)
 		t0 = tl_ms();
 		tl_outboxd_kill(pids[leader]);
 		baseline = sent_count();
+		/* Parallel: the others go on at once.  Single-active: rows
+		 * move again when a new leader relays. */
+		record_recovery(&s, t0, t0, baseline);
 		snprintf(prev, sizeof(prev), "%s", tok);
 		/* The dead leader's key expires after ttl (3 s); a
 		 * survivor takes over at its next try. */
@@ -1117,7 +1183,6 @@ kill_leaders(const char *name, const char *yaml)
 		ck_assert_msg(next >= 0 && next != leader, "no new leader "
 		    "after killing instance %d", leader);
 		takeover[k] = tl_ms() - t0;
-		record_recovery(&s, t0, t0, baseline);
 		pids[leader] = start_outboxd(yaml);
 		leader = next;
 	}
@@ -1168,6 +1233,7 @@ main(void)
 		{ "postgres-crash", test_postgres_crash_mid_stream },
 		{ "rabbitmq-freeze", test_rabbitmq_frozen_mid_stream },
 		{ "redis", test_redis_outage_mid_stream },
+		{ "hung", test_hung_instance_mid_batch },
 		{ "leader", test_leader_killed_among_three },
 		{ "leader-single", test_single_active_leader_killed },
 	};

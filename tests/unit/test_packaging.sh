@@ -113,11 +113,12 @@ else
 	pass "Dockerfile builds build/outboxd with 'make ${goals}'"
 fi
 
-# Every -dev package tests/deps.sh installs for the build (Check is for
-# tests only) must be in the build stage too.
+# Every -dev package tests/deps.sh installs for the build (Check and the
+# fuzzers' clang runtime are for tests only) must be in the build stage.
 missing=
 # shellcheck disable=SC2013  # package names are single words
-for p in $(grep -o '\blib[a-z0-9.-]*-dev\b' tests/deps.sh | sort -u); do
+for p in $(grep -o '\blib[a-z0-9.-]*-dev\b' tests/deps.sh |
+    grep -v '^libclang-rt' | sort -u); do
 	printf '%s\n' "$build_stage" | grep -qw -- "$p" ||
 		missing="$missing $p"
 done
