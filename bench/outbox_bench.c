@@ -1910,54 +1910,44 @@ pct_ms(const int64_t *sorted, size_t n, double p)
 }
 
 /*
- * A producer commits one message per transaction at a steady rate
- * (outbox_enqueue, autocommit) for O.latency_s seconds; latency is from
- * the moment its commit returned to the consumer's receipt.  The payload
- * also carries the wall-clock send time, for consumers elsewhere.
+ * Producers commit one message per transaction (outbox_enqueue in
+ * autocommit) on a steady schedule; together they offer `rate` messages
+ * a second.  Each keeps the moment its commit returned, by outbox id.
  */
-static void
-latency_run(pid_t pid, int rate)
+#define PRODUCER_RATE 500	/* per connection: a commit takes ~1 ms */
+
+struct producer {
+	pthread_t th;
+	int64_t t0, period, offset, count;	/* schedule, us */
+	int64_t *commit_us;	/* shared, indexed by id - 1 */
+	int64_t cap;
+	int64_t sent, late, last_id;
+	char err[256];
+};
+
+static void *
+producer_main(void *arg)
 {
-	int64_t cap = (int64_t)rate * O.latency_s + 1000;
-	int64_t *commit_us = xcalloc((size_t)cap, sizeof(*commit_us));
-	int64_t *lat = xcalloc((size_t)cap, sizeof(*lat));
-	const char *const q[1] = { LAT_QUEUE };
-	const char *params[1];
+	struct producer *p = arg;
 	int lens[1] = { BODY_SIZE }, fmts[1] = { 1 };
+	const char *params[1];
 	char body[BODY_SIZE];
 	PGconn *c = pg_open();
-	struct consumer k;
-	struct cpu_mark m;
-	struct cpu_use u;
-	struct row *row;
-	int64_t t0, period = 1000000 / rate, sent = 0, nlat = 0, neg = 0;
-	int64_t last_id = 0, late = 0, t_end;
-	long long success;
-	bool ok;
-	char fig[64];
+	PGresult *res;
 
-	reset_tables(c);
-	mq_fresh_queues(q, 1);
-	consumer_start(&k, q, 1, 1, cap, true);
-	{
-		PGresult *res = PQprepare(c, "enq", "SELECT outbox_enqueue(''"
-		    ", '" LAT_QUEUE "', $1::bytea, business_module => 'bench'"
-		    ", business_key => 'lat')", 1, NULL);
-
-		if (PQresultStatus(res) != PGRES_COMMAND_OK)
-			die("prepare: %s", PQerrorMessage(c));
-		PQclear(res);
-	}
+	res = PQprepare(c, "enq", "SELECT outbox_enqueue('', '" LAT_QUEUE
+	    "', $1::bytea, business_module => 'bench', business_key => 'lat')",
+	    1, NULL);
+	if (PQresultStatus(res) != PGRES_COMMAND_OK)
+		strfmt(p->err, sizeof(p->err), "prepare: %s",
+		    PQerrorMessage(c));
+	PQclear(res);
 	fill_body(body, 0);
 	params[0] = body;
-	note("latency: %d msg/s for %d s", rate, O.latency_s);
-	nap_us(500000);
-	cpu_mark(&m, pid);
-	t0 = us_now();
-	for (int64_t i = 0; i < (int64_t)rate * O.latency_s; i++) {
-		int64_t due = t0 + i * period, now = us_now(), id;
+	for (int64_t i = 0; i < p->count && p->err[0] == '\0'; i++) {
+		int64_t due = p->t0 + p->offset + i * p->period, now = us_now();
 		struct timespec ts;
-		PGresult *res;
+		int64_t id;
 
 		if (due > now) {
 			ts.tv_sec = due / 1000000;
@@ -1966,20 +1956,82 @@ latency_run(pid_t pid, int rate)
 			    &ts, NULL) == EINTR)
 				;
 		} else if (now - due > 1000) {
-			late++;		/* behind schedule by over 1 ms */
+			p->late++;	/* behind schedule by over 1 ms */
 		}
+		/* For consumers elsewhere: the wall clock at sending. */
 		snprintf(body, 24, "%-23" PRId64, us_wall());
 		res = PQexecPrepared(c, "enq", 1, params, lens, fmts, 0);
-		if (PQresultStatus(res) != PGRES_TUPLES_OK)
-			die("enqueue: %s", PQerrorMessage(c));
+		if (PQresultStatus(res) != PGRES_TUPLES_OK) {
+			strfmt(p->err, sizeof(p->err), "enqueue: %s",
+			    PQerrorMessage(c));
+			PQclear(res);
+			break;
+		}
 		id = strtoll(PQgetvalue(res, 0, 0), NULL, 10);
 		PQclear(res);
-		if (id < 1 || id > cap)
-			die("enqueue: unexpected id %" PRId64, id);
-		commit_us[id - 1] = us_now();
-		if (id > last_id)
-			last_id = id;
-		sent++;
+		if (id < 1 || id > p->cap) {
+			strfmt(p->err, sizeof(p->err), "unexpected id %" PRId64,
+			    id);
+			break;
+		}
+		p->commit_us[id - 1] = us_now();
+		if (id > p->last_id)
+			p->last_id = id;
+		p->sent++;
+	}
+	PQfinish(c);
+	return NULL;
+}
+
+/* Latency from the moment a commit returned to the consumer's receipt. */
+static void
+latency_run(pid_t pid, int rate)
+{
+	int nprod = (rate + PRODUCER_RATE - 1) / PRODUCER_RATE;
+	int64_t cap = (int64_t)rate * O.latency_s + 1000;
+	int64_t *commit_us = xcalloc((size_t)cap, sizeof(*commit_us));
+	int64_t *lat = xcalloc((size_t)cap, sizeof(*lat));
+	struct producer *prods = xcalloc((size_t)nprod, sizeof(*prods));
+	const char *const q[1] = { LAT_QUEUE };
+	PGconn *c = pg_open();
+	struct consumer k;
+	struct cpu_mark m;
+	struct cpu_use u;
+	struct row *row;
+	int64_t t0, t_end, sent = 0, nlat = 0, neg = 0, last_id = 0, late = 0;
+	long long success;
+	bool ok;
+	char fig[64];
+
+	reset_tables(c);
+	mq_fresh_queues(q, 1);
+	consumer_start(&k, q, 1, 1, cap, true);
+	note("latency: %d msg/s for %d s from %d connection(s)", rate,
+	    O.latency_s, nprod);
+	nap_us(500000);
+	cpu_mark(&m, pid);
+	t0 = us_now() + 100000;	/* time for the producers to connect */
+	for (int i = 0; i < nprod; i++) {
+		struct producer *p = &prods[i];
+
+		/* Interleaved: together, one message every 1/rate s. */
+		p->t0 = t0;
+		p->period = 1000000LL * nprod / rate;
+		p->offset = 1000000LL * i / rate;
+		p->count = (int64_t)rate * O.latency_s / nprod;
+		p->commit_us = commit_us;
+		p->cap = cap;
+		if (pthread_create(&p->th, NULL, producer_main, p) != 0)
+			die("pthread_create failed");
+	}
+	for (int i = 0; i < nprod; i++) {
+		pthread_join(prods[i].th, NULL);
+		if (prods[i].err[0] != '\0')
+			die("producer: %s", prods[i].err);
+		sent += prods[i].sent;
+		late += prods[i].late;
+		if (prods[i].last_id > last_id)
+			last_id = prods[i].last_id;
 	}
 	t_end = us_now();
 	ok = consumer_wait(&k, sent, us_now() + 30000000);
@@ -2007,9 +2059,10 @@ latency_run(pid_t pid, int rate)
 	    "%.2f, max %.1f ms", pct_ms(lat, (size_t)nlat, 0.50),
 	    pct_ms(lat, (size_t)nlat, 0.95), pct_ms(lat, (size_t)nlat, 0.99),
 	    nlat ? (double)lat[nlat - 1] / 1000 : 0);
-	strfmt(row->ref, sizeof(row->ref), "commit -> receipt; sent %.0f/s"
-	    " (%" PRId64 " late); outboxd %.1f%% core", (double)sent /
-	    ((double)(t_end - t0) / 1e6), late, u.relay);
+	strfmt(row->ref, sizeof(row->ref), "commit -> receipt; offered "
+	    "%.0f/s by %d conn (%" PRId64 " sent over 1 ms late); outboxd "
+	    "%.1f%% core", (double)sent / ((double)(t_end - t0) / 1e6), nprod,
+	    late, u.relay);
 	if (rate >= 1000) {
 		bool pass = pct_ms(lat, (size_t)nlat, 0.50) <= TARGET_P50_MS &&
 		    pct_ms(lat, (size_t)nlat, 0.99) <= TARGET_P99_MS;
@@ -2034,6 +2087,7 @@ latency_run(pid_t pid, int rate)
 	consumer_free(&k);
 	free(commit_us);
 	free(lat);
+	free(prods);
 	PQfinish(c);
 }
 
@@ -2134,6 +2188,22 @@ print_table(void)
 	    missed ? "some MISSED" : "all met");
 }
 
+/* The load average, to judge how much the machine was shared. */
+static void
+note_load(const char *when)
+{
+	char buf[64] = "?";
+	FILE *f = fopen("/proc/loadavg", "r");
+
+	if (f != NULL) {
+		if (fgets(buf, sizeof(buf), f) == NULL)
+			strfmt(buf, sizeof(buf), "?");
+		fclose(f);
+	}
+	buf[strcspn(buf, "\n")] = '\0';
+	note("load average %s: %s", when, buf);
+}
+
 static void
 usage(FILE *out)
 {
@@ -2230,6 +2300,7 @@ main(int argc, char **argv)
 	note("rows %ld, backlog %ld, batch %d, latency %d s, idle %d s, "
 	    "raw %d s, window %d", O.rows, O.backlog, O.batch, O.latency_s,
 	    O.idle_s, O.raw_s, O.window);
+	note_load("at the start");
 	if (phase_on("raw"))
 		phase_raw();
 	if (phase_on("pg"))
@@ -2246,7 +2317,8 @@ main(int argc, char **argv)
 		phase_latency();
 	if (phase_on("scale"))
 		phase_scale();
-	print_table();
+	note_load("at the end");
 	note("done in %.0f s", (double)(us_now() - t0) / 1e6);
+	print_table();
 	return sanity_failed ? 1 : 0;
 }

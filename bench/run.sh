@@ -15,7 +15,10 @@ set -euo pipefail
 : "${OUTBOXD_BIN:?set OUTBOXD_BIN to the outboxd binary}"
 OUTBOXD_BIN=$(cd "$(dirname "$OUTBOXD_BIN")" && pwd)/$(basename "$OUTBOXD_BIN")
 BENCH_BIN=${BENCH_BIN:-$(dirname "$OUTBOXD_BIN")/bench/outbox_bench}
-[ -x "$BENCH_BIN" ] || { echo "run.sh: $BENCH_BIN not built (make bench)" >&2; exit 1; }
+if [ ! -x "$BENCH_BIN" ]; then
+	echo "run.sh: $BENCH_BIN is not built (make bench)" >&2
+	exit 1
+fi
 export OUTBOXD_BIN
 
 dir=$(mktemp -d "${TMPDIR:-/tmp}/outboxd-bench.XXXXXX")
@@ -37,21 +40,29 @@ tests/servers.sh start "$dir" >&2
 # shellcheck disable=SC1091
 . "$dir/env.sh"
 "$OUTBOXD_BIN" -c "$dir/outboxd.yml" migrate >&2
-# Diagnostics: SQL to run before the benchmark, e.g. to log slow plans:
+# Diagnostics: SQL to run before the benchmark, e.g. to log slow plans
+# in DIR/pg/postgres.log (with KEEP_BENCH_DIR=1):
 #   BENCH_SQL="ALTER DATABASE outbox SET session_preload_libraries =
-#     'auto_explain'; ALTER DATABASE outbox SET auto_explain.log_min_duration = 20"
+#     'auto_explain'; ALTER DATABASE outbox SET
+#     auto_explain.log_min_duration = 20"
 if [ -n "${BENCH_SQL:-}" ]; then
 	psql -q -v ON_ERROR_STOP=1 -c "$BENCH_SQL" >&2
 fi
 
+# What the table was measured on, for docs/PERFORMANCE.md.
+pkg() { dpkg-query -W -f '${Version}' "$1" 2>/dev/null || echo '?'; }
+pgset() { psql -tAc "SHOW $1"; }
 {
 	echo "== machine"
-	echo "nproc $(nproc); $(free -m | awk '/^Mem:/ { print $2 " MiB memory" }')"
-	echo "kernel $(uname -sr); $(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //')"
+	echo "nproc $(nproc); $(free -m | awk '/^Mem:/ { print $2 }') MiB memory"
+	echo "kernel $(uname -sr);" \
+		"$(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //')"
 	echo "load average $(cut -d' ' -f1-3 /proc/loadavg)"
-	echo "postgres $(psql -tAc 'SHOW server_version'), fsync $(psql -tAc 'SHOW fsync'), synchronous_commit $(psql -tAc 'SHOW synchronous_commit')"
-	echo "rabbitmq $(dpkg-query -W -f '${Version}' rabbitmq-server 2>/dev/null || echo '?'), erlang $(dpkg-query -W -f '${Version}' erlang-base 2>/dev/null || echo '?')"
-	echo "librabbitmq $(dpkg-query -W -f '${Version}' librabbitmq4 2>/dev/null || echo '?'), libpq $(dpkg-query -W -f '${Version}' libpq5 2>/dev/null || echo '?')"
+	echo "postgres $(pgset server_version), fsync $(pgset fsync)," \
+		"synchronous_commit $(pgset synchronous_commit)," \
+		"shared_buffers $(pgset shared_buffers)"
+	echo "rabbitmq $(pkg rabbitmq-server), erlang $(pkg erlang-base)," \
+		"librabbitmq $(pkg librabbitmq4), libpq $(pkg libpq5)"
 } >&2
 
 # shellcheck disable=SC2086

@@ -995,7 +995,8 @@ batch_prepare(struct batch *bt)
 			strfmt(reason, sizeof(reason), "payload of %zu bytes "
 			    "exceeds the broker's max_message_size (%zu)",
 			    m->body_len, b->broker_max_size);
-			finish(bt, i, BROKER_REJECTED, false, reason);
+			/* The row can never fit as it is: permanent. */
+			finish(bt, i, BROKER_REJECTED, true, reason);
 			continue;
 		}
 		rc = exchange_usable(b, m->exchange ? m->exchange : "",
@@ -1350,7 +1351,10 @@ window_after_close(struct batch *bt)
 		    names_exchange(text, m->exchange)) {
 			if (names_exchange(text, m->exchange))
 				xcache_forget(b, m->exchange);
-			finish(bt, w->idx[k], BROKER_REJECTED, false, text);
+			/* Too big for the broker is permanent; a missing or
+			 * mistyped exchange may be fixed by an operator. */
+			finish(bt, w->idx[k], BROKER_REJECTED, max_size > 0 &&
+			    m->body_len > max_size, text);
 			blamed = true;
 		}
 	}

@@ -204,6 +204,10 @@ run_daemon(struct config *cfg)
 		    log_quote((char[300]){ 0 }, 300, err));
 		return 1;
 	}
+	/* A batch's transaction idles while its confirms are awaited: give
+	 * it that long and a margin before the server may end it. */
+	cfg->store.idle_in_transaction_timeout_ms =
+	    cfg->broker.confirm_timeout_ms + 30000;
 	d.store = store_new(&cfg->store);
 	d.broker = broker_new(&cfg->broker);
 	d.relay = relay_new(&cfg->relay, d.store, d.broker);

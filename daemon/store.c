@@ -208,6 +208,22 @@ prepare(struct store *s, const char *name, const char *sql, int nparams)
 	return rc;
 }
 
+/* Runs a statement that returns no rows. */
+static int
+exec_command(struct store *s, const char *sql)
+{
+	PGresult *res = PQexec(s->conn, sql);
+	int rc = 0;
+
+	if (PQresultStatus(res) != PGRES_COMMAND_OK &&
+	    PQresultStatus(res) != PGRES_TUPLES_OK) {
+		set_error(s, "postgres", PQerrorMessage(s->conn));
+		rc = -1;
+	}
+	PQclear(res);
+	return rc;
+}
+
 static void
 log_notice(void *arg, const char *message)
 {
@@ -250,6 +266,14 @@ store_connect(struct store *s)
 	/* Server notices ("relation exists, skipping") would otherwise go
 	 * to stderr raw; keep every line logfmt. */
 	PQsetNoticeProcessor(s->conn, log_notice, NULL);
+	if (s->conf.idle_in_transaction_timeout_ms > 0) {
+		char set[96];
+
+		snprintf(set, sizeof(set), "SET idle_in_transaction_session_"
+		    "timeout = %" PRId64, s->conf.idle_in_transaction_timeout_ms);
+		if (exec_command(s, set) == -1)
+			goto fail;
+	}
 	return 0;
 fail:
 	store_disconnect(s);
@@ -274,22 +298,6 @@ ensure_prepared(struct store *s)
 		return -1;
 	s->prepared = true;
 	return 0;
-}
-
-/* Runs a statement that returns no rows. */
-static int
-exec_command(struct store *s, const char *sql)
-{
-	PGresult *res = PQexec(s->conn, sql);
-	int rc = 0;
-
-	if (PQresultStatus(res) != PGRES_COMMAND_OK &&
-	    PQresultStatus(res) != PGRES_TUPLES_OK) {
-		set_error(s, "postgres", PQerrorMessage(s->conn));
-		rc = -1;
-	}
-	PQclear(res);
-	return rc;
 }
 
 int

@@ -17,6 +17,10 @@ struct store_conf {
 	char *password;		/* secret: never logged; NULL = from conninfo */
 	int64_t connect_timeout_ms;
 	char *application_name;
+	/* A session idle inside a transaction this long is ended by the
+	 * server, so a hung instance cannot hold its batch's rows forever.
+	 * 0 = the server's default.  Set from rabbitmq.confirm_timeout. */
+	int64_t idle_in_transaction_timeout_ms;
 };
 
 /* Message states, as in seed 001 plus DEAD for exhausted rows. */

@@ -324,9 +324,13 @@ kill_pg() {
 	local pid
 	pid=$(head -1 "$DIR/pg/data/postmaster.pid" 2>/dev/null) || return 0
 	kill -9 "$pid" 2>/dev/null || true
-	# The postmaster's children notice its death and exit on their own.
+	# The postmaster's children notice its death and exit on their own;
+	# a start must wait until the old postmaster is really gone.
 	local end=$((SECONDS + DEADLINE_S))
-	while pg_ready && [ $SECONDS -lt $end ]; do sleep 0.1; done
+	while { pg_ready || kill -0 "$pid" 2>/dev/null; } &&
+		[ $SECONDS -lt $end ]; do
+		sleep 0.1
+	done
 }
 
 # --- RabbitMQ --------------------------------------------------------------
