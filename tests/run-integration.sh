@@ -31,7 +31,8 @@ failed=()
 for t in "$@"; do
 	echo "== ${t##*/}"
 	# Each suite gets a fresh set of rows; servers stay up between them.
-	psql -q -c "TRUNCATE t_transactional_message CASCADE" >/dev/null
+	PGOPTIONS="-c client_min_messages=warning" psql -q \
+		-c "TRUNCATE t_transactional_message CASCADE" >/dev/null
 	if [ "${t%.sh}" != "$t" ]; then
 		timeout "${SUITE_TIMEOUT:-900}" bash "$t" || failed+=("${t##*/}")
 	else

@@ -322,8 +322,8 @@ START_TEST(test_payload_over_broker_limit)
 		    "status=%d retries=%d last_error=\"%s\"\n", st, n,
 		    last_error("broker-max", err, sizeof(err)));
 	}
-	/* Out of retries at the latest after its second attempt. */
-	assert_row("broker-max", 3, -1, "4194304");
+	/* Too big for the broker is permanent: DEAD after one attempt. */
+	assert_row("broker-max", 3, 1, "4194304");
 	ck_assert(tl_log_contains(pid, "publish channel closed by the "
 	    "broker"));
 	assert_good_delivered();
@@ -580,11 +580,9 @@ START_TEST(test_all_bad_rows_at_once)
 	    "rabbitmq.max_payload: 6MiB\n");
 	assert_row("no-content", 2, 1, "no content row");
 	assert_row("route", 3, 1, "no route");
-	/* Over the broker's limit: a channel close, then FAIL (or DEAD,
-	 * should broker.c come to call it permanent). */
-	ck_assert(wait_row("broker-max", 2, 1, 30000) ||
-	    wait_row("broker-max", 3, 1, 1000));
-	assert_row("broker-max", -1, 1, "4194304");
+	/* Over the broker's limit: a channel close, then DEAD at once —
+	 * the row can never fit, so the error is permanent. */
+	assert_row("broker-max", 3, 1, "4194304");
 	assert_row("max-payload", 3, 1, "exceeds rabbitmq.max_payload");
 	assert_row("missing-exchange", 2, 1, "NOT_FOUND");
 	assert_row("wrong-type", 2, 1, "PRECONDITION_FAILED");
