@@ -1692,6 +1692,14 @@ drain_check(struct row *row, const struct drain_result *r)
 	strfmt(row->check, sizeof(row->check), "%ld rows: %" PRId64
 	    " msgs, %" PRId64 " dup, %lld SUCCESS", r->spec.n, r->delivered,
 	    r->dups, r->success);
+	/* A few scans come from compensation; many mean the claim ran the
+	 * plan that reads and sorts every unsent row. */
+	if (r->key_idx_scans > 20) {
+		size_t len = strlen(row->check);
+
+		snprintf(row->check + len, sizeof(row->check) - len, "; %lld "
+		    "claims read every unsent row", r->key_idx_scans);
+	}
 	if (!r->ok) {
 		strfmt(row->verdict, sizeof(row->verdict), "FAIL");
 		sanity_failed = true;
@@ -2153,6 +2161,16 @@ phase_scale(void)
 	pg_do(c, "VACUUM ANALYZE t_transactional_message_content");
 	PQfinish(c);
 	drain(&after_sp, &after);
+	/* Best of O.repeat like the baseline; each run adds its rows after
+	 * the last one's, on top of the same sent rows. */
+	for (int i = 1; i < O.repeat; i++) {
+		struct drain_result again;
+
+		after_sp.lo += O.rows;
+		drain(&after_sp, &again);
+		if (again.rate > after.rate || !again.ok)
+			after = again;
+	}
 	drain_row("outboxd drain, 1 queue, live, after backlog", &after,
 	    false);
 	row = row_add("slowdown from sent rows");
