@@ -1609,11 +1609,11 @@ drain(const struct drain_spec *sp, struct drain_result *r)
 	memset(r, 0, sizeof(*r));
 	r->spec = *sp;
 	mq_fresh_queues(bench_queues, sp->nq);
-	/* ref_loop adds to these. */
 	if (sp->live)
 		consumer_start(&k, bench_queues, sp->nq, sp->lo, sp->n, false);
 	/* Every drain starts without checkpoint debt. */
 	pg_do(c, "CHECKPOINT");
+	r->key_idx_scans = index_scans(c);
 	if (sp->backlog) {
 		note("%s: loading a backlog of %ld rows", sp->tag, sp->n);
 		load_rows(c, sp->lo, sp->n, sp->nq);
@@ -1631,7 +1631,6 @@ drain(const struct drain_spec *sp, struct drain_result *r)
 	}
 	cpu_mark(&m, pid);
 	m.t_us = t0;
-	r->key_idx_scans = index_scans(c);
 	/* Generous: a thousand messages a second at worst. */
 	deadline = t0 + 60000000 + (int64_t)sp->n * 1000;
 	if (!outboxd && ref_loop(sp, deadline, r) != sp->n)
