@@ -1,0 +1,11 @@
+-- outboxd migration 005: narrow the per-key index of 004 to rows that have
+-- a key.  Over every unsent row, the planner sometimes chose it for the
+-- claim itself and sorted the whole backlog per batch (docs/PERFORMANCE.md);
+-- the ordering check only ever looks up rows with a key, and
+-- "business_key = …" proves "business_key IS NOT NULL", so it still fits.
+
+DROP INDEX IF EXISTS t_transactional_message_unsent_key_idx;
+CREATE INDEX t_transactional_message_unsent_key_idx
+    ON t_transactional_message (business_key, id)
+    WHERE message_status IN (0, 2) AND NOT deleted
+      AND business_key IS NOT NULL;
