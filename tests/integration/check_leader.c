@@ -213,14 +213,12 @@ static pid_t
 start_custom(const char *conninfo, const char *nodes)
 {
 	const char *dir = tl_env("OUTBOXD_SERVERS_DIR");
-	char cfg[512], logpath[512];
+	char cfg[512];
 	FILE *f;
 	pid_t pid;
 
 	snprintf(cfg, sizeof(cfg), "%s/leader-%d-%lld.yml", dir, (int)getpid(),
 	    (long long)tl_ms());
-	snprintf(logpath, sizeof(logpath), "%s/leader-%d-%lld.log", dir,
-	    (int)getpid(), (long long)tl_ms());
 	if (nodes == NULL)
 		nodes = strfmt_nodes();
 	f = fopen(cfg, "w");
@@ -234,21 +232,8 @@ start_custom(const char *conninfo, const char *nodes)
 	    "http:\n  listen: \"\"\n", conninfo, nodes,
 	    tl_env("OUTBOXD_REDIS_PORT"), lock_key, POLL_MS);
 	fclose(f);
-	pid = fork();
-	ck_assert_int_ge(pid, 0);
-	if (pid == 0) {
-		int fd = open(logpath, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-
-		if (fd >= 0) {
-			dup2(fd, STDERR_FILENO);
-			dup2(fd, STDOUT_FILENO);
-			close(fd);
-		}
-		execl(tl_env("OUTBOXD_BIN"), "outboxd", "-c", cfg, "run",
-		    (char *)NULL);
-		_exit(127);
-	}
-	registry_add(pid, logpath);
+	pid = tl_outboxd_start_file(cfg);
+	registry_add(pid, tl_outboxd_log(pid));
 	return pid;
 }
 

@@ -418,6 +418,54 @@ write_config(FILE *f, const char *extra)
 	}
 }
 
+/* A free slot in children[]; aborts the test when there is none. */
+static int
+claim_slot(void)
+{
+	for (int i = 0; i < MAX_CHILDREN; i++)
+		if (children[i].pid == 0)
+			return i;
+	ck_abort_msg("too many outboxd children");
+	return -1;
+}
+
+/*
+ * Forks `outboxd -c cfg run` with stdout and stderr in logpath and
+ * records it in children[slot].  die_with_parent: the daemon is killed
+ * when the process that started it ends, so a failed test cannot leave
+ * one running.
+ */
+static pid_t
+spawn_outboxd(int slot, const char *cfg, const char *logpath,
+    bool die_with_parent)
+{
+	const char *bin = tl_env("OUTBOXD_BIN");
+	pid_t parent = getpid(), pid = fork();
+
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		int fd = open(logpath, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+
+		if (die_with_parent) {
+			prctl(PR_SET_PDEATHSIG, SIGKILL);
+			/* The parent may be gone already. */
+			if (getppid() != parent)
+				_exit(127);
+		}
+		if (fd >= 0) {
+			dup2(fd, STDERR_FILENO);
+			dup2(fd, STDOUT_FILENO);
+			close(fd);
+		}
+		execl(bin, "outboxd", "-c", cfg, "run", (char *)NULL);
+		_exit(127);
+	}
+	children[slot].pid = pid;
+	snprintf(children[slot].log, sizeof(children[slot].log), "%s",
+	    logpath);
+	return pid;
+}
+
 pid_t
 tl_outboxd_start(const char *extra_yaml)
 {
@@ -425,15 +473,8 @@ tl_outboxd_start(const char *extra_yaml)
 	char cfg[512], logpath[512];
 	const char *dir = tl_env("OUTBOXD_SERVERS_DIR");
 	FILE *f;
-	pid_t pid;
-	int slot = -1;
+	int slot = claim_slot();
 
-	for (int i = 0; i < MAX_CHILDREN; i++)
-		if (children[i].pid == 0) {
-			slot = i;
-			break;
-		}
-	ck_assert_msg(slot >= 0, "too many outboxd children");
 	seq++;
 	snprintf(cfg, sizeof(cfg), "%s/test-%d-%d.yml", dir, (int)getpid(),
 	    seq);
@@ -443,24 +484,7 @@ tl_outboxd_start(const char *extra_yaml)
 	ck_assert_ptr_nonnull(f);
 	write_config(f, extra_yaml);
 	fclose(f);
-	pid = fork();
-	ck_assert_int_ge(pid, 0);
-	if (pid == 0) {
-		int fd = open(logpath, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-
-		if (fd >= 0) {
-			dup2(fd, STDERR_FILENO);
-			dup2(fd, STDOUT_FILENO);
-			close(fd);
-		}
-		execl(tl_env("OUTBOXD_BIN"), "outboxd", "-c", cfg, "run",
-		    (char *)NULL);
-		_exit(127);
-	}
-	children[slot].pid = pid;
-	snprintf(children[slot].log, sizeof(children[slot].log), "%s",
-	    logpath);
-	return pid;
+	return spawn_outboxd(slot, cfg, logpath, false);
 }
 
 const char *
@@ -558,39 +582,11 @@ tl_outboxd_start_file(const char *cfg_path)
 {
 	static int log_seq;
 	char logpath[512];
-	const char *bin = tl_env("OUTBOXD_BIN");
-	pid_t parent = getpid(), pid;
-	int slot = -1;
+	int slot = claim_slot();
 
-	for (int i = 0; i < MAX_CHILDREN; i++)
-		if (children[i].pid == 0) {
-			slot = i;
-			break;
-		}
-	ck_assert_msg(slot >= 0, "too many outboxd children");
 	snprintf(logpath, sizeof(logpath), "%s/daemon-%d-%d.log",
-	    tl_env("OUTBOXD_SERVERS_DIR"), (int)parent, ++log_seq);
-	pid = fork();
-	ck_assert_int_ge(pid, 0);
-	if (pid == 0) {
-		int fd = open(logpath, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-
-		/* Dies with the test; the parent may be gone already. */
-		prctl(PR_SET_PDEATHSIG, SIGKILL);
-		if (getppid() != parent)
-			_exit(127);
-		if (fd >= 0) {
-			dup2(fd, STDERR_FILENO);
-			dup2(fd, STDOUT_FILENO);
-			close(fd);
-		}
-		execl(bin, "outboxd", "-c", cfg_path, "run", (char *)NULL);
-		_exit(127);
-	}
-	children[slot].pid = pid;
-	snprintf(children[slot].log, sizeof(children[slot].log), "%s",
-	    logpath);
-	return pid;
+	    tl_env("OUTBOXD_SERVERS_DIR"), (int)getpid(), ++log_seq);
+	return spawn_outboxd(slot, cfg_path, logpath, true);
 }
 
 int
