@@ -194,34 +194,52 @@ store_disconnect(struct store *s)
 	s->prepared = false;
 }
 
+/*
+ * Checks a result that should carry no error, clears it, and records the
+ * server's words under `what` when it failed.  Returns 0 or -1.
+ */
 static int
-prepare(struct store *s, const char *name, const char *sql, int nparams)
+result_done(struct store *s, PGresult *res, const char *what)
 {
-	PGresult *res = PQprepare(s->conn, name, sql, nparams, NULL);
+	ExecStatusType st = PQresultStatus(res);
 	int rc = 0;
 
-	if (PQresultStatus(res) != PGRES_COMMAND_OK) {
-		set_error(s, name, PQerrorMessage(s->conn));
+	if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK) {
+		set_error(s, what, PQerrorMessage(s->conn));
 		rc = -1;
 	}
 	PQclear(res);
 	return rc;
 }
 
-/* Runs a statement that returns no rows. */
+static int
+prepare(struct store *s, const char *name, const char *sql, int nparams)
+{
+	return result_done(s, PQprepare(s->conn, name, sql, nparams, NULL),
+	    name);
+}
+
+/* Runs a statement whose rows, if any, do not matter. */
 static int
 exec_command(struct store *s, const char *sql)
 {
-	PGresult *res = PQexec(s->conn, sql);
-	int rc = 0;
+	return result_done(s, PQexec(s->conn, sql), "postgres");
+}
 
-	if (PQresultStatus(res) != PGRES_COMMAND_OK &&
-	    PQresultStatus(res) != PGRES_TUPLES_OK) {
-		set_error(s, "postgres", PQerrorMessage(s->conn));
-		rc = -1;
+/* Runs a parameterised statement; returns its result or NULL. */
+static PGresult *
+query(struct store *s, const char *what, const char *sql, int n,
+    const char *const *params, ExecStatusType want)
+{
+	PGresult *res = PQexecParams(s->conn, sql, n, NULL, params, NULL,
+	    NULL, 0);
+
+	if (PQresultStatus(res) != want) {
+		set_error(s, what, PQerrorMessage(s->conn));
+		PQclear(res);
+		return NULL;
 	}
-	PQclear(res);
-	return rc;
+	return res;
 }
 
 static void
@@ -340,18 +358,16 @@ store_migrate(struct store *s)
 	for (const struct migration *m = migrations; m->name != NULL; m++) {
 		const char *params[1] = { m->name };
 
-		res = PQexecParams(s->conn, "SELECT 1 FROM outboxd_migrations"
-		    " WHERE name = $1", 1, NULL, params, NULL, NULL, 0);
-		if (PQresultStatus(res) != PGRES_TUPLES_OK) {
-			set_error(s, "migrate", PQerrorMessage(s->conn));
-			PQclear(res);
+		bool applied;
+
+		res = query(s, "migrate", "SELECT 1 FROM outboxd_migrations"
+		    " WHERE name = $1", 1, params, PGRES_TUPLES_OK);
+		if (res == NULL)
 			goto fail;
-		}
-		if (PQntuples(res) == 1) {
-			PQclear(res);
-			continue;
-		}
+		applied = PQntuples(res) == 1;
 		PQclear(res);
+		if (applied)
+			continue;
 		if (exec_command(s, m->sql) == -1) {
 			char what[128];
 
@@ -360,13 +376,10 @@ store_migrate(struct store *s)
 			    m->name), saved);
 			goto fail;
 		}
-		res = PQexecParams(s->conn, "INSERT INTO outboxd_migrations"
-		    " (name) VALUES ($1)", 1, NULL, params, NULL, NULL, 0);
-		if (PQresultStatus(res) != PGRES_COMMAND_OK) {
-			set_error(s, "migrate", PQerrorMessage(s->conn));
-			PQclear(res);
+		res = query(s, "migrate", "INSERT INTO outboxd_migrations"
+		    " (name) VALUES ($1)", 1, params, PGRES_COMMAND_OK);
+		if (res == NULL)
 			goto fail;
-		}
 		PQclear(res);
 		log_info("migration applied", "name=%s", m->name);
 	}
@@ -701,16 +714,8 @@ static int
 exec_prepared(struct store *s, const char *name, int n,
     const char *const *params)
 {
-	PGresult *res = PQexecPrepared(s->conn, name, n, params, NULL, NULL,
-	    0);
-	int rc = 0;
-
-	if (PQresultStatus(res) != PGRES_COMMAND_OK) {
-		set_error(s, name, PQerrorMessage(s->conn));
-		rc = -1;
-	}
-	PQclear(res);
-	return rc;
+	return result_done(s, PQexecPrepared(s->conn, name, n, params, NULL,
+	    NULL, 0), name);
 }
 
 static void
@@ -803,22 +808,6 @@ store_next_due_in(struct store *s, bool include_retries, int64_t *ms)
 }
 
 /* --- compensation and administration ---------------------------------- */
-
-/* Runs a parameterised statement; returns its result or NULL. */
-static PGresult *
-query(struct store *s, const char *what, const char *sql, int n,
-    const char *const *params, ExecStatusType want)
-{
-	PGresult *res = PQexecParams(s->conn, sql, n, NULL, params, NULL,
-	    NULL, 0);
-
-	if (PQresultStatus(res) != want) {
-		set_error(s, what, PQerrorMessage(s->conn));
-		PQclear(res);
-		return NULL;
-	}
-	return res;
-}
 
 /* Runs a data-changing statement and reports how many rows it touched. */
 static int
