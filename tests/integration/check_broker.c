@@ -4,7 +4,6 @@
  * and regaining the broker.
  */
 #include <check.h>
-#include <dirent.h>
 #include <inttypes.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -15,6 +14,7 @@
 #include <unistd.h>
 
 #include "broker.h"
+#include "testlib.h"
 #include "util.h"
 
 #define MiB (1024 * 1024)
@@ -239,50 +239,6 @@ rabbit_pid(void)
 	ck_assert(fscanf(f, "%ld", &pid) == 1);
 	fclose(f);
 	return (pid_t)pid;
-}
-
-/* Whether every thread of pid is in the stopped state ('T'). */
-static bool
-all_threads_stopped(pid_t pid)
-{
-	char path[128], line[512];
-	bool stopped = true;
-	DIR *dir;
-	struct dirent *e;
-
-	strfmt(path, sizeof(path), "/proc/%ld/task", (long)pid);
-	if ((dir = opendir(path)) == NULL)
-		return false;
-	while (stopped && (e = readdir(dir)) != NULL) {
-		FILE *f;
-		char *paren;
-
-		if (e->d_name[0] == '.')
-			continue;
-		strfmt(path, sizeof(path), "/proc/%ld/task/%s/stat",
-		    (long)pid, e->d_name);
-		if ((f = fopen(path, "r")) == NULL)
-			continue;
-		if (fgets(line, sizeof(line), f) != NULL &&
-		    (paren = strrchr(line, ')')) != NULL)
-			stopped = paren[2] == 'T' || paren[2] == 't';
-		fclose(f);
-	}
-	closedir(dir);
-	return stopped;
-}
-
-static bool
-wait_stopped(pid_t pid, int64_t timeout_ms)
-{
-	int64_t deadline = now_mono_ms() + timeout_ms;
-
-	while (!all_threads_stopped(pid)) {
-		if (now_mono_ms() >= deadline)
-			return false;
-		sleep_ms(5, NULL);
-	}
-	return true;
 }
 
 /* Reconnects until it works or the deadline passes. */
@@ -812,7 +768,7 @@ START_TEST(test_confirm_timeout)
 	/* A frozen broker takes the bytes but never confirms.  The stop
 	 * lands asynchronously: wait until every thread has stopped. */
 	ck_assert(kill(pid, SIGSTOP) == 0);
-	ck_assert_msg(wait_stopped(pid, WAIT_MS), "rabbitmq did not stop");
+	ck_assert_msg(tl_wait_stopped(pid, WAIT_MS), "rabbitmq did not stop");
 	t0 = now_mono_ms();
 	rc = broker_publish_batch(b, msgs, 20, results);
 	ms = now_mono_ms() - t0;

@@ -118,6 +118,8 @@ bool tl_redis_exists(const char *key);
 /* SIGSTOP (true) or SIGCONT (false) to the private RabbitMQ: a broker that
  * accepts bytes and never answers.  Unfreezing a running one is a no-op. */
 void tl_rabbitmq_freeze(bool);
+/* Polls until every thread of pid is stopped; false after timeout_ms. */
+bool tl_wait_stopped(pid_t pid, int timeout_ms);
 /* Whether something accepts TCP connections on 127.0.0.1:port. */
 bool tl_port_open(int port);
 
