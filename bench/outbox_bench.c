@@ -62,6 +62,7 @@ struct opts {
 	long backlog;		/* the scale phase's table */
 	int latency_s, idle_s, raw_s;
 	int batch;		/* outboxd's relay.batch_size */
+	int workers;		/* outboxd's relay.workers */
 	int window;		/* raw publisher's confirm window */
 	const char *only;	/* comma list of phases, NULL = all */
 	bool sweep;		/* drain once per batch size as well */
@@ -70,7 +71,8 @@ struct opts {
 
 static struct opts O = {
 	.rows = 200000, .backlog = 1000000, .latency_s = 30, .idle_s = 30,
-	.raw_s = 6, .batch = 1000, .window = 2000, .repeat = 1,
+	.raw_s = 6, .batch = 1000, .workers = 2, .window = 2000,
+	.repeat = 1,
 };
 
 /* ---- the table ---------------------------------------------------------- */
@@ -283,7 +285,8 @@ pid_from_file(const char *path)
  */
 struct cpu_mark {
 	int64_t t_us;
-	struct pstat relay, beam, backend;
+	struct pstat relay, beam;
+	int64_t backend_ticks;	/* all of outboxd's sessions */
 	int64_t m_busy, m_total;
 };
 
@@ -292,7 +295,10 @@ struct cpu_use {
 	double machine;			/* cores busy */
 };
 
-static pid_t beam_pid = -1, backend_pid = -1;
+/* outboxd's PostgreSQL backends: one per relay worker. */
+#define MAX_BACKENDS 32
+static pid_t beam_pid = -1, backend_pids[MAX_BACKENDS];
+static int n_backends;
 
 static void
 cpu_mark(struct cpu_mark *m, pid_t relay)
@@ -300,7 +306,13 @@ cpu_mark(struct cpu_mark *m, pid_t relay)
 	m->t_us = us_now();
 	proc_read(relay, &m->relay);
 	proc_read(beam_pid, &m->beam);
-	proc_read(backend_pid, &m->backend);
+	m->backend_ticks = 0;
+	for (int i = 0; i < n_backends; i++) {
+		struct pstat ps;
+
+		if (proc_read(backend_pids[i], &ps))
+			m->backend_ticks += ps.ticks;
+	}
 	machine_read(&m->m_busy, &m->m_total);
 }
 
@@ -318,7 +330,7 @@ cpu_since(const struct cpu_mark *a, pid_t relay, struct cpu_use *u)
 	u->relay = 100.0 * (double)(b.relay.ticks - a->relay.ticks) / hz /
 	    secs;
 	u->beam = 100.0 * (double)(b.beam.ticks - a->beam.ticks) / hz / secs;
-	u->backend = 100.0 * (double)(b.backend.ticks - a->backend.ticks) /
+	u->backend = 100.0 * (double)(b.backend_ticks - a->backend_ticks) /
 	    hz / secs;
 	u->machine = b.m_total > a->m_total ? (double)ncpu *
 	    (double)(b.m_busy - a->m_busy) / (double)(b.m_total -
@@ -1104,6 +1116,9 @@ raw_run(int nconn, int nq, bool live, struct raw_result *r)
 
 /* Best raw rate by [live][queue count]. */
 static double raw_best[2][MAX_QUEUES + 1];
+/* Machine CPU per message in microseconds (all processes, every core):
+ * of the best raw run, and of PostgreSQL alone. */
+static double raw_cpu_us[2][MAX_QUEUES + 1], pg_cpu_us;
 
 static const char *
 regime(bool live)
@@ -1152,6 +1167,8 @@ phase_raw(void)
 				}
 			}
 			raw_best[live][nqs[a]] = best;
+			raw_cpu_us[live][nqs[a]] = best > 0 ? mach * 1e6 /
+			    best : 0;
 			snprintf(fig, sizeof(fig), "raw RabbitMQ, %d queue%s, "
 			    "%s", nqs[a], nqs[a] > 1 ? "s" : "", regime(live));
 			row = row_add(fig);
@@ -1176,6 +1193,39 @@ phase_raw(void)
 
 /* outboxd's own claim and mark statements (the store module), with every
  * row marked sent at once: what the database allows without a broker. */
+/*
+ * What the machine allows at most with a live consumer, where the raw
+ * run keeps every core busy: a drain must pay for the broker's path (the
+ * raw run's CPU per message: broker, publisher, consumer) and for the
+ * database's (claim and mark), and both share the same cores.  Any relay
+ * on this machine stays below this, however it is built.
+ */
+static void
+ceiling_rows(void)
+{
+	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+
+	for (int nq = 1; nq <= 4; nq += 3) {
+		double per_msg = raw_cpu_us[1][nq] + pg_cpu_us, ceiling;
+		struct row *row;
+		char fig[64];
+
+		if (raw_cpu_us[1][nq] <= 0 || pg_cpu_us <= 0)
+			continue;
+		ceiling = (double)ncpu * 1e6 / per_msg;
+		snprintf(fig, sizeof(fig), "CPU ceiling, %d queue%s, live "
+		    "consumer", nq, nq > 1 ? "s" : "");
+		row = row_add(fig);
+		strfmt(row->value, sizeof(row->value), "%.0f msg/s", ceiling);
+		strfmt(row->ref, sizeof(row->ref), "%.1f%% of raw %.0f: %ld "
+		    "cores / (broker path %.1f us + database %.1f us per msg)",
+		    100 * ceiling / raw_best[1][nq], raw_best[1][nq], ncpu,
+		    raw_cpu_us[1][nq], pg_cpu_us);
+		strfmt(row->target, sizeof(row->target), "bound");
+		strfmt(row->verdict, sizeof(row->verdict), "info");
+	}
+}
+
 static void
 phase_pg(void)
 {
@@ -1186,6 +1236,8 @@ phase_pg(void)
 	struct store_mark *marks = xcalloc((size_t)O.batch, sizeof(*marks));
 	struct store *s = store_new(&sc);
 	PGconn *c = pg_open();
+	struct cpu_mark m;
+	struct cpu_use cpu;
 	struct row *row;
 	long done = 0;
 	int64_t t0, t1, end;
@@ -1198,6 +1250,7 @@ phase_pg(void)
 	if (store_connect(s) == -1)
 		die("store: %s", store_error(s));
 	t0 = us_now();
+	cpu_mark(&m, -1);
 	end = t0 + 600 * 1000000LL;
 	while (done < O.rows && us_now() < end) {
 		struct store_batch batch;
@@ -1215,6 +1268,7 @@ phase_pg(void)
 			die("mark: %s", store_error(s));
 	}
 	t1 = us_now();
+	cpu_since(&m, -1, &cpu);
 	store_free(s);
 	free(marks);
 	sent = pg_int(c, "SELECT count(*) FROM t_transactional_message"
@@ -1222,8 +1276,11 @@ phase_pg(void)
 	row = row_add("PostgreSQL alone: claim+mark");
 	strfmt(row->value, sizeof(row->value), "%.0f rows/s",
 	    (double)done / ((double)(t1 - t0) / 1e6));
-	strfmt(row->ref, sizeof(row->ref), "batches of %d, outboxd's SQL",
-	    O.batch);
+	pg_cpu_us = done > 0 ? cpu.machine * ((double)(t1 - t0) / 1e6) * 1e6 /
+	    (double)done : 0;
+	strfmt(row->ref, sizeof(row->ref), "batches of %d, outboxd's SQL; "
+	    "machine %.1f cores, %.1f us per row", O.batch, cpu.machine,
+	    pg_cpu_us);
 	strfmt(row->target, sizeof(row->target), "reference");
 	strfmt(row->check, sizeof(row->check), "%ld claimed, %lld SUCCESS",
 	    done, sent);
@@ -1233,6 +1290,7 @@ phase_pg(void)
 	}
 	note("postgres alone: %s", row->value);
 	PQfinish(c);
+	ceiling_rows();
 }
 
 /* ---- outboxd as a child ------------------------------------------------- */
@@ -1284,7 +1342,7 @@ metric(const char *text, const char *name)
 }
 
 static void
-outboxd_config(const char *path, int batch)
+outboxd_config(const char *path, int batch, int workers)
 {
 	FILE *f = fopen(path, "w");
 
@@ -1295,26 +1353,45 @@ outboxd_config(const char *path, int batch)
 	    "postgres:\n  conninfo: \"%s\"\n"
 	    "rabbitmq:\n  nodes: [\"127.0.0.1:%d\"]\n"
 	    "redis:\n  address: \"127.0.0.1:%d\"\n"
-	    "relay:\n  batch_size: %d\n  poll_interval: 5s\n"
+	    "relay:\n  batch_size: %d\n  workers: %d\n  poll_interval: 5s\n"
 	    "http:\n  listen: \"127.0.0.1:%d\"\n",
-	    O.conninfo, O.amqp_port, O.redis_port, batch, O.http_port);
+	    O.conninfo, O.amqp_port, O.redis_port, batch, workers,
+	    O.http_port);
 	fclose(f);
 }
 
-/* Finds outboxd's PostgreSQL backend, for its CPU. */
+/* Finds outboxd's PostgreSQL backends, for their CPU: one per worker,
+ * each connecting on its own thread (healthz speaks for the first). */
 static void
-find_backend(void)
+find_backends(int workers)
 {
 	PGconn *c = pg_open();
+	int64_t end = us_now() + 10000000;
+	PGresult *res;
 
-	backend_pid = (pid_t)pg_int(c, "SELECT coalesce(max(pid), -1) FROM"
-	    " pg_stat_activity WHERE application_name = 'outboxd'");
+	n_backends = 0;
+	for (;;) {
+		res = PQexec(c, "SELECT pid FROM pg_stat_activity WHERE"
+		    " application_name = 'outboxd'");
+		if (PQresultStatus(res) != PGRES_TUPLES_OK)
+			die("pg_stat_activity: %s", PQerrorMessage(c));
+		if (PQntuples(res) >= workers || us_now() > end)
+			break;
+		PQclear(res);
+		nap_us(10000);
+	}
+	for (int i = 0; i < PQntuples(res) && i < MAX_BACKENDS; i++)
+		backend_pids[n_backends++] = (pid_t)atoi(PQgetvalue(res, i, 0));
+	if (n_backends < workers)
+		note("only %d of %d outboxd sessions found", n_backends,
+		    workers);
+	PQclear(res);
 	PQfinish(c);
 }
 
 /* Starts `outboxd run` and waits until /healthz says it is connected. */
 static pid_t
-outboxd_start(const char *tag, int batch)
+outboxd_start(const char *tag, int batch, int workers)
 {
 	char cfg[512], log[512], buf[4096];
 	int64_t end = us_now() + 30000000;
@@ -1322,7 +1399,7 @@ outboxd_start(const char *tag, int batch)
 
 	snprintf(cfg, sizeof(cfg), "%s/bench-outboxd.yml", O.dir);
 	snprintf(log, sizeof(log), "%s/outboxd-%s.log", O.dir, tag);
-	outboxd_config(cfg, batch);
+	outboxd_config(cfg, batch, workers);
 	if ((pid = fork()) == -1)
 		die("fork: %s", strerror(errno));
 	if (pid == 0) {
@@ -1352,7 +1429,7 @@ outboxd_start(const char *tag, int batch)
 			die("outboxd not healthy after 30 s; see %s", log);
 		nap_us(10000);
 	}
-	find_backend();
+	find_backends(workers);
 	return pid;
 }
 
@@ -1372,7 +1449,7 @@ outboxd_stop(pid_t pid)
 		nap_us(10000);
 	}
 	child_pid = -1;
-	backend_pid = -1;
+	n_backends = 0;
 }
 
 static void
@@ -1398,6 +1475,7 @@ struct drain_spec {
 	int nq;
 	int64_t lo;		/* first id */
 	int batch;
+	int workers;		/* 0: O.workers */
 	bool backlog;		/* rows loaded before the relay starts */
 	bool live;		/* the consumer runs during the drain */
 	enum relay_kind relay;
@@ -1594,6 +1672,30 @@ drain_idle(pid_t pid, struct cpu_use *idle)
  * every row is SUCCESS and, with a live consumer, every message has
  * arrived; otherwise the consumer counts them afterwards.
  */
+/*
+ * Waits until outboxd counts want messages published (it counts them as
+ * their confirms arrive, just before it marks them).  Polling the table
+ * instead (a count over the unsent rows every few ms) took a third of a
+ * core from the servers and slowed the drain it was timing.
+ */
+static bool
+published_wait(int64_t want, int64_t deadline_us)
+{
+	char *text = xmalloc(65536);
+	bool ok = false;
+
+	while (us_now() < deadline_us) {
+		if (http_get("/metrics", text, 65536) == 200 &&
+		    metric(text, "outboxd_messages_published_total") >= (double)want) {
+			ok = true;
+			break;
+		}
+		nap_us(10000);
+	}
+	free(text);
+	return ok;
+}
+
 static void
 drain(const struct drain_spec *sp, struct drain_result *r)
 {
@@ -1620,10 +1722,12 @@ drain(const struct drain_spec *sp, struct drain_result *r)
 		pg_do(c, "CHECKPOINT");
 		t0 = us_now();
 		if (outboxd)
-			pid = outboxd_start(sp->tag, sp->batch);
+			pid = outboxd_start(sp->tag, sp->batch,
+			    sp->workers > 0 ? sp->workers : O.workers);
 	} else {
 		if (outboxd)
-			pid = outboxd_start(sp->tag, sp->batch);
+			pid = outboxd_start(sp->tag, sp->batch,
+			    sp->workers > 0 ? sp->workers : O.workers);
 		note("%s: loading %ld rows%s", sp->tag, sp->n, outboxd ?
 		    " while outboxd waits" : "");
 		load_rows(c, sp->lo, sp->n, sp->nq);
@@ -1636,6 +1740,8 @@ drain(const struct drain_spec *sp, struct drain_result *r)
 	if (!outboxd && ref_loop(sp, deadline, r) != sp->n)
 		note("%s: the loop did not send every row", sp->tag);
 	r->ok = !sp->live || consumer_wait(&k, sp->n, deadline);
+	if (outboxd && !sp->live)
+		r->ok = published_wait(sp->n, deadline) && r->ok;
 	r->ok = rows_all_sent(c, sp->lo, sp->lo + sp->n - 1, deadline) &&
 	    r->ok;
 	t1 = us_now();
@@ -1844,6 +1950,29 @@ phase_ref(void)
 			    "queue, %s", kind == RELAY_REF_SEQ ? "sequential" :
 			    "pipelined", regime(live));
 			drain_row(fig, &r, false);
+		}
+	}
+}
+
+/* Drains one queue with 1 to 4 relay workers: what overlapping buys. */
+static void
+phase_workers(void)
+{
+	for (int live = 1; live >= 0; live--) {
+		for (int n = 1; n <= 4; n++) {
+			struct drain_spec sp = { .n = O.rows, .nq = 1,
+				.lo = 1, .batch = O.batch, .workers = n,
+				.live = live };
+			struct drain_result r;
+			char fig[64], tag[32];
+
+			snprintf(tag, sizeof(tag), "workers-%d-%s", n,
+			    live ? "live" : "fills");
+			sp.tag = tag;
+			drain_fresh(&sp, &r);
+			snprintf(fig, sizeof(fig), "outboxd drain, %d worker%s, "
+			    "1 queue, %s", n, n > 1 ? "s" : "", regime(live));
+			drain_row(fig, &r, true);
 		}
 	}
 }
@@ -2106,7 +2235,7 @@ phase_latency(void)
 
 	reset_tables(c);
 	PQfinish(c);
-	pid = outboxd_start("latency", O.batch);
+	pid = outboxd_start("latency", O.batch, O.workers);
 	latency_run(pid, 200);
 	latency_run(pid, 1000);
 	outboxd_stop(pid);
@@ -2232,11 +2361,12 @@ usage(FILE *out)
 	    "  --idle-seconds S     idle CPU window (30)\n"
 	    "  --raw-seconds S      per raw broker run (6)\n"
 	    "  --batch N            outboxd relay.batch_size (1000)\n"
+	    "  --workers N          outboxd relay.workers (2)\n"
 	    "  --window N           raw publisher confirm window (2000)\n"
 	    "  --quick              50000 rows, 200000 backlog, 10 s windows,"
 	    " 3 s raw runs\n"
-	    "  --only LIST          phases: raw,pg,drain,ref,idle,latency,"
-	    "scale\n"
+	    "  --only LIST          phases: raw,pg,drain,ref,workers,idle,"
+	    "latency,scale\n"
 	    "  --sweep              also drain once per batch size\n"
 	    "  --repeat N           run each raw and drain figure N times, "
 	    "keep the best (1)\n");
@@ -2265,6 +2395,7 @@ main(int argc, char **argv)
 		{ "idle-seconds", required_argument, NULL, 'i' },
 		{ "raw-seconds", required_argument, NULL, 'R' },
 		{ "batch", required_argument, NULL, 'B' },
+		{ "workers", required_argument, NULL, 'W' },
 		{ "window", required_argument, NULL, 'w' },
 		{ "quick", no_argument, NULL, 'q' },
 		{ "only", required_argument, NULL, 'o' },
@@ -2285,6 +2416,7 @@ main(int argc, char **argv)
 		case 'i': O.idle_s = (int)num_arg(optarg, 1, 3600); break;
 		case 'R': O.raw_s = (int)num_arg(optarg, 1, 600); break;
 		case 'B': O.batch = (int)num_arg(optarg, 1, 10000); break;
+		case 'W': O.workers = (int)num_arg(optarg, 1, 16); break;
 		case 'w': O.window = (int)num_arg(optarg, 1, 1000000); break;
 		case 'q':
 			O.rows = 50000;
@@ -2314,9 +2446,9 @@ main(int argc, char **argv)
 	log_set_level(LOG_WARN);
 	signal(SIGPIPE, SIG_IGN);
 	atexit(kill_child);
-	note("rows %ld, backlog %ld, batch %d, latency %d s, idle %d s, "
-	    "raw %d s, window %d", O.rows, O.backlog, O.batch, O.latency_s,
-	    O.idle_s, O.raw_s, O.window);
+	note("rows %ld, backlog %ld, batch %d, workers %d, latency %d s, "
+	    "idle %d s, raw %d s, window %d", O.rows, O.backlog, O.batch,
+	    O.workers, O.latency_s, O.idle_s, O.raw_s, O.window);
 	note_load("at the start");
 	if (phase_on("raw"))
 		phase_raw();
@@ -2324,6 +2456,8 @@ main(int argc, char **argv)
 		phase_pg();
 	if (phase_on("drain"))
 		phase_drain();
+	if (phase_on("workers"))
+		phase_workers();
 	if (phase_on("ref"))
 		phase_ref();
 	if (O.sweep)

@@ -202,6 +202,8 @@ static const struct key keys[] = {
 	{ .name = "relay.shutdown_timeout", .type = T_DURATION,
 	  .flags = F_RELOAD, .off = OFF(relay.shutdown_timeout_ms),
 	  .def = "30s", .min = 0, .max = HOUR(1) },
+	{ .name = "relay.workers", .type = T_INT, .off = OFF(relay.workers),
+	  .def = "2", .min = 1, .max = 16 },
 	{ .name = "relay.mode", .type = T_ENUM, .off = OFF(relay.mode),
 	  .def = "parallel", .names = relay_modes },
 	{ .name = "relay.ordering", .type = T_ENUM, .flags = F_AS_BOOL,

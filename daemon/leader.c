@@ -211,7 +211,9 @@ leader_next_tick_ms(const struct leader *l)
 
 	if (l->lock != NULL && lock_next_tick_ms(l->lock) < next)
 		next = lock_next_tick_ms(l->lock);
-	if (l->is_leader) {
+	/* Compensation waits for the store; counting it while the store
+	 * is down would ask for a wake-up at once, again and again. */
+	if (l->is_leader && store_connected(l->store)) {
 		int64_t comp = l->next_compensation_ms - now_mono_ms();
 		if (comp < next)
 			next = comp;

@@ -5,12 +5,16 @@
 #include "log.h"
 
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
-static enum log_level current_level = LOG_INFO;
+/* Set by SIGHUP's reload on the main thread, read by every thread. */
+static atomic_int current_level = LOG_INFO;
+/* This thread's fixed field ("worker=1"), or "". */
+static _Thread_local char thread_field[32];
 
 static const char *const level_names[] = {
 	[LOG_DEBUG] = "debug",
@@ -22,13 +26,20 @@ static const char *const level_names[] = {
 void
 log_set_level(enum log_level level)
 {
-	current_level = level;
+	atomic_store(&current_level, (int)level);
 }
 
 enum log_level
 log_get_level(void)
 {
-	return current_level;
+	return (enum log_level)atomic_load(&current_level);
+}
+
+void
+log_set_thread_field(const char *field)
+{
+	snprintf(thread_field, sizeof(thread_field), "%s",
+	    field != NULL ? field : "");
 }
 
 const char *
@@ -106,7 +117,7 @@ log_event(enum log_level level, const char *msg, const char *fmt, ...)
 	size_t len;
 	int n;
 
-	if (level < current_level)
+	if ((int)level < atomic_load(&current_level))
 		return;
 	clock_gettime(CLOCK_REALTIME, &now);
 	gmtime_r(&now.tv_sec, &tm);
@@ -115,6 +126,12 @@ log_event(enum log_level level, const char *msg, const char *fmt, ...)
 	    now.tv_nsec / 1000000, log_level_name(level),
 	    log_quote(qmsg, sizeof(qmsg), msg));
 	len = n < 0 ? 0 : (size_t)n;
+	if (thread_field[0] != '\0' && len + sizeof(thread_field) + 1 <
+	    sizeof(line)) {
+		line[len++] = ' ';
+		len += (size_t)snprintf(line + len, sizeof(line) - len, "%s",
+		    thread_field);
+	}
 	if (fmt != NULL && *fmt != '\0' && len + 2 < sizeof(line)) {
 		va_list ap;
 		line[len++] = ' ';

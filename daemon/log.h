@@ -11,6 +11,9 @@ void log_set_level(enum log_level);
 enum log_level log_get_level(void);
 int log_level_parse(const char *, enum log_level *);
 const char *log_level_name(enum log_level);
+/* A key=value field added to every line this thread logs ("worker=1");
+ * NULL or "" for none. */
+void log_set_thread_field(const char *);
 
 /*
  * msg is a short fixed event name ("batch published"); fmt, if not NULL,

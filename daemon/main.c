@@ -22,6 +22,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "relay.h"
+#include "workers.h"
 
 #define DEFAULT_CONFIG "/etc/outboxd/outboxd.yml"
 
@@ -113,7 +114,8 @@ struct daemon {
 	struct config *cfg;
 	struct store *store;
 	struct broker *broker;
-	struct relay *relay;
+	struct relay *relay;		/* the main thread's own */
+	struct workers *workers;	/* relay.workers - 1 more */
 	struct leader *leader;
 	struct http *http;
 };
@@ -137,6 +139,7 @@ reload(struct daemon *d)
 		shutdown_timeout_s = (sig_atomic_t)((cfg->relay.
 		    shutdown_timeout_ms + 999) / 1000);
 		relay_set_conf(d->relay, &cfg->relay);
+		workers_set_conf(d->workers, &cfg->relay);
 		leader_set_conf(d->leader, &cfg->relay);
 		log_info("config reloaded", "path=%s", cfg->path);
 	}
@@ -182,6 +185,7 @@ daemon_step(struct daemon *d, int64_t max_wait_ms)
 	/* The leader also retries FAIL rows; other instances relay new
 	 * rows only (parallel) or stand by (single-active). */
 	relay_set_retries(d->relay, leader || single);
+	workers_set_role(d->workers, leader || single, !single || leader);
 	if (!single || leader)
 		relay_step(d->relay, max_wait_ms);
 	else
@@ -195,6 +199,7 @@ run_daemon(struct config *cfg)
 	struct daemon d = { .cfg = cfg };
 	char err[256];
 	uint64_t watchdog_us = 0;
+	struct relay_stats totals;
 	bool ready = false;
 
 	metrics_init(OUTBOXD_VERSION);
@@ -215,6 +220,18 @@ run_daemon(struct config *cfg)
 	shutdown_timeout_s = (sig_atomic_t)((cfg->relay.shutdown_timeout_ms +
 	    999) / 1000);
 	install_signals();
+	d.workers = workers_start(cfg->relay.workers - 1, &cfg->relay,
+	    &cfg->store, &cfg->broker, err, sizeof(err));
+	if (d.workers == NULL) {
+		log_error("cannot start", "error=%s",
+		    log_quote((char[300]){ 0 }, 300, err));
+		leader_free(d.leader);
+		relay_free(d.relay);
+		broker_free(d.broker);
+		store_free(d.store);
+		http_stop(d.http);
+		return 1;
+	}
 	if (sd_watchdog_enabled(0, &watchdog_us) <= 0)
 		watchdog_us = 0;
 	log_info("outboxd starting", "version=%s config=%s mode=%s",
@@ -234,16 +251,20 @@ run_daemon(struct config *cfg)
 			sd_notify(0, "READY=1\nSTATUS=relaying");
 			log_info("outboxd ready", NULL);
 		}
-		if (watchdog_us)
+		/* A worker stuck as long as the watchdog allows the main
+		 * loop is a stuck daemon: let systemd restart it. */
+		if (watchdog_us && workers_stalled_ms(d.workers) <
+		    (int64_t)watchdog_us / 1000)
 			sd_notify(0, "WATCHDOG=1");
 	}
 	/* The batch in flight finished inside relay_step (its confirms
 	 * awaited, its rows marked); what is left is to let go. */
 	sd_notify(0, "STOPPING=1");
+	totals = *relay_stats(d.relay);
+	workers_stop(d.workers, &totals);
 	leader_release(d.leader);
 	log_info("outboxd stopped", "published=%" PRIu64 " failed=%" PRIu64
-	    " dead=%" PRIu64, relay_stats(d.relay)->published,
-	    relay_stats(d.relay)->retried, relay_stats(d.relay)->dead);
+	    " dead=%" PRIu64, totals.published, totals.retried, totals.dead);
 	leader_free(d.leader);
 	relay_free(d.relay);
 	broker_free(d.broker);

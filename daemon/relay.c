@@ -22,6 +22,7 @@ struct relay {
 	struct backoff_rng rng;
 	struct relay_stats stats;
 	bool include_retries;
+	int wake_fd;		/* readable: stop waiting; -1 none */
 	/* Reconnect pacing, one cursor per server. */
 	struct backoff_cursor store_retry, broker_retry;
 	int64_t store_retry_at, broker_retry_at; /* monotonic ms */
@@ -44,6 +45,7 @@ relay_new(const struct relay_conf *conf, struct store *store,
 	r->store = store;
 	r->broker = broker;
 	r->include_retries = true;
+	r->wake_fd = -1;
 	backoff_rng_seed_random(&r->rng);
 	relay_set_conf(r, conf);
 	backoff_cursor_init(&r->store_retry, &conf->reconnect);
@@ -87,6 +89,12 @@ void
 relay_set_retries(struct relay *r, bool on)
 {
 	r->include_retries = on;
+}
+
+void
+relay_set_wake_fd(struct relay *r, int fd)
+{
+	r->wake_fd = fd;
 }
 
 const struct relay_stats *
@@ -385,16 +393,37 @@ ensure_broker(struct relay *r)
 	return false;
 }
 
-/* Waits for a NOTIFY on the store's socket, a signal, or timeout_ms. */
+/* Sleeps timeout_ms, or less when a signal comes or the wake fd is
+ * readable. */
 static void
-wait_for_work(struct relay *r, int64_t timeout_ms)
+nap(struct relay *r, int64_t timeout_ms)
 {
-	struct pollfd pfd = { .fd = store_socket(r->store), .events = POLLIN };
+	struct pollfd pfd = { .fd = r->wake_fd, .events = POLLIN };
 
 	if (timeout_ms <= 0)
 		return;
-	if (pfd.fd < 0) {
+	if (r->wake_fd < 0) {
 		sleep_ms(timeout_ms, NULL);
+		return;
+	}
+	if (poll(&pfd, 1, (int)timeout_ms) == -1 && errno != EINTR)
+		log_warn("poll failed", "error=%s", strerror(errno));
+}
+
+/* Waits for a NOTIFY on the store's socket, a signal, the wake fd or
+ * timeout_ms. */
+static void
+wait_for_work(struct relay *r, int64_t timeout_ms)
+{
+	struct pollfd pfd[2] = {
+		{ .fd = store_socket(r->store), .events = POLLIN },
+		{ .fd = r->wake_fd, .events = POLLIN },
+	};
+
+	if (timeout_ms <= 0)
+		return;
+	if (pfd[0].fd < 0) {
+		nap(r, timeout_ms);
 		return;
 	}
 	/* A NOTIFY that came in during the last query (idle_timeout's) was
@@ -410,11 +439,12 @@ wait_for_work(struct relay *r, int64_t timeout_ms)
 	default:
 		return;
 	}
-	if (poll(&pfd, 1, (int)timeout_ms) == -1 && errno != EINTR) {
+	/* A negative fd is skipped by poll(): no wake fd, one entry. */
+	if (poll(pfd, 2, (int)timeout_ms) == -1 && errno != EINTR) {
 		log_warn("poll failed", "error=%s", strerror(errno));
 		return;
 	}
-	if (pfd.revents != 0 && store_drain_notifies(r->store) == -1)
+	if (pfd[0].revents != 0 && store_drain_notifies(r->store) == -1)
 		store_disconnect(r->store);
 }
 
@@ -445,19 +475,26 @@ idle_timeout(struct relay *r, int64_t max_wait_ms)
  * Brings both servers up; when one is still down, sleeps until its
  * retry time (within max_wait_ms) and returns false.
  */
+#define MIN_RETRY_WAIT_MS 10
 static bool
 connections_up(struct relay *r, int64_t max_wait_ms)
 {
-	int64_t retry_at;
+	/* Both, not `&&`: with PostgreSQL down the broker's retry time must
+	 * still move on, or the wait below would be in the past and the
+	 * loop would spin at full CPU while both servers are away. */
+	bool store_up = ensure_store(r), broker_up = ensure_broker(r);
+	int64_t retry_at = INT64_MAX, wait;
 
-	if (ensure_store(r) && ensure_broker(r))
+	if (store_up && broker_up)
 		return true;
-	retry_at = store_connected(r->store) ? r->broker_retry_at :
-	    r->store_retry_at;
-	if (!broker_connected(r->broker) && r->broker_retry_at < retry_at)
+	if (!store_up)
+		retry_at = r->store_retry_at;
+	if (!broker_up && r->broker_retry_at < retry_at)
 		retry_at = r->broker_retry_at;
-	retry_at -= now_mono_ms();
-	sleep_ms(retry_at < max_wait_ms ? retry_at : max_wait_ms, NULL);
+	wait = retry_at - now_mono_ms();
+	if (wait < MIN_RETRY_WAIT_MS)
+		wait = MIN_RETRY_WAIT_MS;
+	nap(r, wait < max_wait_ms ? wait : max_wait_ms);
 	return false;
 }
 

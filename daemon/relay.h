@@ -21,6 +21,9 @@ enum relay_mode {
 
 struct relay_conf {
 	int batch_size;
+	/* Relays running at once, each with its own sessions (workers.h);
+	 * read at start only. */
+	int workers;
 	int64_t poll_interval_ms;
 	int64_t shutdown_timeout_ms;
 	enum relay_mode mode;
@@ -57,6 +60,9 @@ void relay_free(struct relay *);
 void relay_set_conf(struct relay *, const struct relay_conf *);
 /* Whether this instance also retries FAIL rows (the leader does). */
 void relay_set_retries(struct relay *, bool);
+/* A descriptor whose readability ends the relay's waits (a worker's
+ * stop); -1 (the default) for none: then only a signal does. */
+void relay_set_wake_fd(struct relay *, int fd);
 
 /*
  * Does one step of work: (re)connects what is down, then runs one cycle,

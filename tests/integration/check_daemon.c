@@ -513,6 +513,7 @@ START_TEST(test_sighup_reload)
 	tl_queue(a, "dmn.reload", "", "");
 	tl_amqp_close(a);
 	tl_config_write(cfg, sizeof(cfg), "relay.batch_size: 100\n"
+	    "relay.workers: 2\n"
 	    "postgres.application_name: \"dmn-reload\"\n"
 	    "redis.key: \"dmn:leader:reload\"\n");
 	pid = tl_outboxd_start_file(cfg);
@@ -524,6 +525,7 @@ START_TEST(test_sighup_reload)
 
 	/* Reloadable keys: the level and the batch size change in place. */
 	rewrite_config(cfg, "log.level: debug\nrelay.batch_size: 7\n"
+	    "relay.workers: 2\n"
 	    "postgres.application_name: \"dmn-reload\"\n"
 	    "redis.key: \"dmn:leader:reload\"\n");
 	kill(pid, SIGHUP);
@@ -548,6 +550,7 @@ START_TEST(test_sighup_reload)
 
 	/* A key that needs a restart: a warning, and the old value stays. */
 	rewrite_config(cfg, "log.level: debug\nrelay.batch_size: 7\n"
+	    "relay.workers: 2\n"
 	    "postgres.application_name: \"dmn-changed\"\n"
 	    "redis.key: \"dmn:leader:reload\"\n");
 	kill(pid, SIGHUP);
@@ -556,8 +559,9 @@ START_TEST(test_sighup_reload)
 	    "restart\" key=postgres.application_name"), 1);
 	ck_assert_int_eq(tl_sql_int(db, "SELECT count(*) FROM "
 	    "pg_stat_activity WHERE application_name = 'dmn-changed'"), 0);
+	/* One session per worker, all kept. */
 	ck_assert_int_eq(tl_sql_int(db, "SELECT count(*) FROM "
-	    "pg_stat_activity WHERE application_name = 'dmn-reload'"), 1);
+	    "pg_stat_activity WHERE application_name = 'dmn-reload'"), 2);
 
 	ck_assert_int_eq(tl_outboxd_stop(pid, 25000), 0);
 	receive("dmn.reload", counts, first, last - first + 1,

@@ -1,8 +1,9 @@
 /*
  * Faults mid-stream: outboxd killed with SIGKILL at random moments,
  * RabbitMQ and PostgreSQL restarted, killed or frozen, Redis stopped, an
- * instance hung, a leader killed among three instances.  Rows flow in
- * while it happens; afterwards every row must be SUCCESS and received,
+ * instance hung, a leader killed among three instances, servers left
+ * down while outboxd waits for them (it must sleep, not spin).  Rows flow
+ * in while it happens; afterwards every row must be SUCCESS and received,
  * duplicates bounded by the batches in flight at the faults, and no row
  * left locked.  FAULTS_SOAK=1 runs longer with more faults; FAULTS_SEED=n
  * replays a run's random moments; FAULTS_ONLY=a,b picks scenarios.
@@ -32,6 +33,8 @@
 
 #define QUEUE "faults"
 #define BATCH 500
+/* relay.workers left at its default: batches in flight per instance. */
+#define WORKERS 2
 #define LEADER_KEY "outboxd:leader"
 #define MAX_FAULTS 128
 /* Short lock timings, so that a dead leader's key expires quickly. */
@@ -203,6 +206,75 @@ static bool
 alive(pid_t pid)
 {
 	return waitpid(pid, NULL, WNOHANG) == 0;
+}
+
+/* Lines of pid's log that contain needle, and needle2 unless NULL. */
+static int
+log_lines(pid_t pid, const char *needle, const char *needle2)
+{
+	return tl_file_lines(tl_outboxd_log(pid), needle, needle2);
+}
+
+/* Waits until pid's log has more than `had` such lines; false on
+ * timeout. */
+static bool
+wait_log_lines(pid_t pid, const char *needle, const char *needle2, int had,
+    int timeout_ms)
+{
+	int64_t deadline = tl_ms() + timeout_ms;
+
+	while (log_lines(pid, needle, needle2) <= had) {
+		if (tl_ms() >= deadline)
+			return false;
+		nap_ms(20);
+	}
+	return true;
+}
+
+/*
+ * CPU time pid has used, user plus system (fields 14 and 15 of
+ * /proc/PID/stat), in clock ticks; -1 if it cannot be read.  The command
+ * name in field 2 may hold spaces and parentheses: count from its last
+ * ')'.
+ */
+static long long
+cpu_ticks(pid_t pid)
+{
+	char path[64], buf[1024], *p;
+	unsigned long long ut, st;
+	size_t n;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	f = fopen(path, "r");
+	if (f == NULL)
+		return -1;
+	n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = '\0';
+	p = strrchr(buf, ')');
+	/* state (3), ppid to tpgid (4-8), flags to cmajflt (9-13). */
+	if (p == NULL || sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %*u "
+	    "%*u %*u %*u %llu %llu", &ut, &st) != 2)
+		return -1;
+	return (long long)(ut + st);
+}
+
+/* The share of one core pid used over the next window_ms (0.10 = 10 %):
+ * the window is the measurement, not a wait for anything. */
+static double
+cpu_share(pid_t pid, int window_ms)
+{
+	long long t0 = cpu_ticks(pid), t1;
+	int64_t w0 = tl_ms(), w1;
+
+	nap_ms(window_ms);
+	t1 = cpu_ticks(pid);
+	w1 = tl_ms();
+	ck_assert_msg(t0 >= 0 && t1 >= 0, "cannot read /proc/%d/stat",
+	    (int)pid);
+	return (double)(t1 - t0) / (double)sysconf(_SC_CLK_TCK) /
+	    ((double)(w1 - w0) / 1000.0);
 }
 
 /* --- Redis ---------------------------------------------------------------- */
@@ -773,7 +845,7 @@ scenario_end(struct scenario *s, const pid_t *pids, int npids)
 	PQclear(res);
 	/* Received ids that no row has: a commit the database forgot. */
 	phantom = (long long)s->cons.distinct - sent;
-	bound = (long long)s->nfaults * BATCH;
+	bound = (long long)s->nfaults * BATCH * WORKERS;
 	for (int i = 0; i < s->nfaults; i++)
 		if (s->recovery_ms[i] > max_rec)
 			max_rec = s->recovery_ms[i];
@@ -795,7 +867,8 @@ scenario_end(struct scenario *s, const pid_t *pids, int npids)
 	ck_assert_msg(s->cons.foreign == 0, "%s: %zu deliveries without an "
 	    "outbox id", s->name, s->cons.foreign);
 	ck_assert_msg(dups <= bound, "%s: %lld duplicates, more than %d "
-	    "faults x %d rows in flight", s->name, dups, s->nfaults, BATCH);
+	    "faults x %d workers x %d rows in flight", s->name, dups,
+	    s->nfaults, WORKERS, BATCH);
 	free(s->cons.tab);
 	for (int i = 0; i < npids; i++)
 		ck_assert_int_eq(tl_outboxd_stop(pids[i], 30000), 0);
@@ -1074,6 +1147,110 @@ START_TEST(test_redis_outage_mid_stream)
 END_TEST
 
 /*
+ * Idle means idle while servers are away: an outboxd waiting for them
+ * must sleep between its reconnect attempts, not spin.  Compensation is
+ * due every 500 ms here, and the test configs cap reconnect delays at
+ * 1 s, so that a retry or compensation time left in the past (the two
+ * busy loops these scenarios caught) is reached within a second of the
+ * outage, well inside the measuring window.
+ */
+#define OUTAGE_YAML BASE_YAML "relay.poll_interval: 500ms\n"
+#define OUTAGE_ROWS 4000
+#define OUTAGE_STREAM_MS 6000
+#define CPU_WINDOW_MS 3000
+/* Ten connection attempts a second cost next to nothing; a loop that
+ * never sleeps takes a whole core, or what a busy machine leaves it. */
+#define CPU_MAX_SHARE 0.10
+
+static void
+servers_down_idle(const char *name, bool broker_too)
+{
+	struct scenario s;
+	int64_t t0, t_up;
+	long long baseline;
+	double cpu;
+	char tok[128];
+	bool still_leader;
+	int had;
+	pid_t pid;
+
+	plan.rows = OUTAGE_ROWS;
+	scenario_begin(&s, name, OUTAGE_STREAM_MS);
+	pid = start_outboxd(OUTAGE_YAML);
+	ck_assert_int_ge(wait_sent(plan.rows / 4, 60000), plan.rows / 4);
+	/* The Redis leader compensates, and compensation is what touches
+	 * PostgreSQL (and finds it gone) while the broker is down; with
+	 * PostgreSQL down it is due and must wait without spinning. */
+	ck_assert_msg(wait_log_lines(pid, "leadership acquired",
+	    "backend=redis", 0, 30000), "%s: outboxd never became the redis "
+	    "leader (log %s)", name, tl_outboxd_log(pid));
+	t0 = tl_ms();
+	if (broker_too) {
+		/* RabbitMQ first, and known to be down before PostgreSQL
+		 * goes: with PostgreSQL gone first the relay would not
+		 * touch the broker connection and never see it close. */
+		had = log_lines(pid, "rabbitmq unavailable", NULL);
+		tl_servers("stop", "rabbitmq");
+		ck_assert_msg(wait_log_lines(pid, "rabbitmq unavailable", NULL,
+		    had, 30000), "%s: outboxd did not notice rabbitmq stop "
+		    "(log %s)", name, tl_outboxd_log(pid));
+	}
+	had = log_lines(pid, "postgres unavailable", NULL);
+	tl_servers("stop", "pg");
+	/* A failed reconnect: from here on it only waits for servers. */
+	ck_assert_msg(wait_log_lines(pid, "postgres unavailable", NULL, had,
+	    30000), "%s: outboxd did not notice postgres stop (log %s)", name,
+	    tl_outboxd_log(pid));
+	cpu = cpu_share(pid, CPU_WINDOW_MS);
+	still_leader = token_owner(&pid, 1, leader_token(tok, sizeof(tok)))
+	    == 0;
+	fprintf(stderr, "faults: scenario=%s cpu_while_down=%.1f%% "
+	    "window_ms=%d leader=%s\n", name, cpu * 100, CPU_WINDOW_MS,
+	    still_leader ? "yes" : "no");
+	/* Servers back before any verdict, so that a failure here leaves
+	 * them running for the next test. */
+	servers_start("pg", 60000);
+	if (broker_too)
+		servers_start("rabbitmq", 60000);
+	t_up = tl_ms();
+	/* outboxd's reconnect waits at least 100 ms: a count read at once
+	 * is still the one before the stop. */
+	PQreset(db);
+	baseline = sent_count();
+	ck_assert_msg(alive(pid), "%s: outboxd died while the servers were "
+	    "down (log %s)", name, tl_outboxd_log(pid));
+	ck_assert_msg(cpu < CPU_MAX_SHARE, "%s: outboxd used %.0f%% of a "
+	    "core over %d ms with the servers down (at most %.0f%%: it "
+	    "spins instead of sleeping until its retry time; log %s)", name,
+	    cpu * 100, CPU_WINDOW_MS, CPU_MAX_SHARE * 100,
+	    tl_outboxd_log(pid));
+	ck_assert_msg(still_leader, "%s: outboxd was not the redis leader "
+	    "during the outage, so its due compensation was not exercised "
+	    "(key token %s)", name, tok);
+	record_recovery(&s, t0, t_up, baseline);
+	snprintf(s.extra, sizeof(s.extra), "cpu_while_down=%.1f%%",
+	    cpu * 100);
+	scenario_end(&s, &pid, 1);
+}
+
+/* With both servers down, the broker's retry time must move on too
+ * (outboxd spun at 100 % CPU: it slept until a retry time in the past). */
+START_TEST(test_postgres_and_rabbitmq_down_idle)
+{
+	servers_down_idle("postgres-rabbitmq-down", true);
+}
+END_TEST
+
+/* The Redis leader with PostgreSQL down: its compensation is due but
+ * cannot run, and must not ask for a wake-up at once, again and again
+ * (the main loop spun). */
+START_TEST(test_postgres_down_while_leader_idle)
+{
+	servers_down_idle("postgres-down-leader", false);
+}
+END_TEST
+
+/*
  * An instance hung in the middle of a batch (SIGSTOP: what a VM pause,
  * a debugger or a swap storm does) while a second one runs.  The hung
  * one holds its batch's row locks: the other skips those rows (SKIP
@@ -1233,6 +1410,10 @@ main(void)
 		{ "postgres-crash", test_postgres_crash_mid_stream },
 		{ "rabbitmq-freeze", test_rabbitmq_frozen_mid_stream },
 		{ "redis", test_redis_outage_mid_stream },
+		{ "postgres-rabbitmq-down",
+		    test_postgres_and_rabbitmq_down_idle },
+		{ "postgres-down-leader",
+		    test_postgres_down_while_leader_idle },
 		{ "hung", test_hung_instance_mid_batch },
 		{ "leader", test_leader_killed_among_three },
 		{ "leader-single", test_single_active_leader_killed },

@@ -169,16 +169,7 @@ amqps(char *buf, size_t size, const char *host, int port, const char *ca)
 static int
 log_count(pid_t pid, const char *needle)
 {
-	FILE *f = fopen(tl_outboxd_log(pid), "r");
-	char line[8192];
-	int n = 0;
-
-	if (f == NULL)
-		return 0;
-	while (fgets(line, sizeof(line), f) != NULL)
-		n += strstr(line, needle) != NULL;
-	fclose(f);
-	return n;
+	return tl_file_lines(tl_outboxd_log(pid), needle, NULL);
 }
 
 /* Waits until needle is in at least times lines of pid's log. */

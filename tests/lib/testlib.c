@@ -534,19 +534,26 @@ tl_outboxd_kill(pid_t pid)
 	forget_child(pid);
 }
 
+int
+tl_file_lines(const char *path, const char *needle, const char *needle2)
+{
+	FILE *f = fopen(path, "r");
+	char line[8192];
+	int n = 0;
+
+	if (f == NULL)
+		return 0;
+	while (fgets(line, sizeof(line), f) != NULL)
+		n += strstr(line, needle) != NULL &&
+		    (needle2 == NULL || strstr(line, needle2) != NULL);
+	fclose(f);
+	return n;
+}
+
 bool
 tl_log_contains(pid_t pid, const char *needle)
 {
-	FILE *f = fopen(tl_outboxd_log(pid), "r");
-	char line[8192];
-	bool found = false;
-
-	if (f == NULL)
-		return false;
-	while (!found && fgets(line, sizeof(line), f) != NULL)
-		found = strstr(line, needle) != NULL;
-	fclose(f);
-	return found;
+	return tl_file_lines(tl_outboxd_log(pid), needle, NULL) > 0;
 }
 
 void

@@ -83,6 +83,9 @@ void tl_servers(const char *cmd, const char *service);
 int64_t tl_ms(void);
 /* Whether the log of a started outboxd contains needle. */
 bool tl_log_contains(pid_t, const char *needle);
+/* Lines of the file at path holding needle, and needle2 unless NULL;
+ * 0 when the file cannot be read. */
+int tl_file_lines(const char *path, const char *needle, const char *needle2);
 
 /* --- outboxd as a command, and its endpoints ----------------------------- */
 /* Writes a config like tl_outboxd_start's (same extra_yaml rules) to a new

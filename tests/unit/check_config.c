@@ -1134,7 +1134,7 @@ START_TEST(test_keys_and_dump_agree)
 		p = strchr(p, '\n') + 1;
 	}
 	ck_assert_str_eq(p, "");
-	ck_assert_uint_eq(n, 50);
+	ck_assert_uint_eq(n, 51);
 	free(dump);
 	config_free(&c);
 }

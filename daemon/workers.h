@@ -1,0 +1,45 @@
+/*
+ * Workers: extra relays, each on a thread of its own with its own
+ * PostgreSQL session and RabbitMQ connection.  A relay alone leaves the
+ * broker idle while it claims and marks, and the database idle while it
+ * awaits confirms; two relays take turns at both, and their batches never
+ * overlap (FOR UPDATE SKIP LOCKED).  The main thread keeps its own relay,
+ * the leader, signals and reloads, and tells the workers what to do.
+ */
+#ifndef OUTBOXD_WORKERS_H
+#define OUTBOXD_WORKERS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "broker.h"
+#include "relay.h"
+#include "store.h"
+
+struct workers;
+
+/*
+ * Starts n worker threads (0 is valid: none), each with a copy of the
+ * three confs.  Signals stay with the calling thread.  NULL with err set
+ * when a thread cannot be created (the ones started are stopped).
+ */
+struct workers *workers_start(int n, const struct relay_conf *,
+    const struct store_conf *, const struct broker_conf *, char *err,
+    size_t errlen);
+/* Asks every worker to stop, waits for each to finish its batch (its
+ * confirms awaited, its rows marked), adds their counters to *sum (when
+ * not NULL) and frees them.  NULL is a no-op. */
+void workers_stop(struct workers *, struct relay_stats *sum);
+
+/* What the main thread decided this turn: retry FAIL rows (leader), and
+ * relay at all (false: single-active standby, connections kept up). */
+void workers_set_role(struct workers *, bool retries, bool active);
+/* A reloaded relay config; each worker applies it between batches. */
+void workers_set_conf(struct workers *, const struct relay_conf *);
+
+/* Milliseconds since the slowest worker last finished a step, for the
+ * watchdog: a worker stuck that long is a stuck daemon. */
+int64_t workers_stalled_ms(const struct workers *);
+
+#endif
