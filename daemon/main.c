@@ -234,9 +234,9 @@ run_daemon(struct config *cfg)
 	}
 	if (sd_watchdog_enabled(0, &watchdog_us) <= 0)
 		watchdog_us = 0;
-	log_info("outboxd starting", "version=%s config=%s mode=%s",
-	    OUTBOXD_VERSION, cfg->path, cfg->relay.mode == RELAY_PARALLEL ?
-	    "parallel" : "single-active");
+	log_info("outboxd starting", "version=%s config=%s mode=%s "
+	    "workers=%d", OUTBOXD_VERSION, cfg->path, cfg->relay.mode ==
+	    RELAY_PARALLEL ? "parallel" : "single-active", cfg->relay.workers);
 	while (!stop_requested) {
 		if (reload_requested) {
 			reload_requested = 0;
