@@ -374,8 +374,12 @@ start_stuck(const char *app, const char *extra, int n, char **log)
 
 	tl_queue(a, "dmn.stuck", "", "");
 	tl_amqp_close(a);
+	/* One relay, so that one claim holds every row: with more workers
+	 * the rows could be split between their claims (stopping with
+	 * several workers is check_relay's). */
 	snprintf(yaml, sizeof(yaml), "postgres.application_name: \"%s\"\n"
 	    "rabbitmq.confirm_timeout: 60s\nrelay.batch_size: 1000\n"
+	    "relay.workers: 1\n"
 	    "redis.key: \"dmn:leader:%s\"\n%s", app, app, extra);
 	tl_config_write(cfg, sizeof(cfg), yaml);
 	pid = tl_outboxd_start_file(cfg);
