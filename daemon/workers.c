@@ -97,8 +97,10 @@ workers_start(int n, const struct relay_conf *rconf,
 	p->w = xcalloc(n > 0 ? (size_t)n : 1, sizeof(*p->w));
 	p->conf = *rconf;
 	atomic_init(&p->stop, false);
-	atomic_init(&p->retries, true);
-	atomic_init(&p->active, true);
+	/* Standing by until the main thread has decided the role: in
+	 * single-active mode a standby's workers must never claim. */
+	atomic_init(&p->retries, false);
+	atomic_init(&p->active, false);
 	atomic_init(&p->conf_gen, 0);
 	(void)pthread_mutex_init(&p->conf_lock, NULL);
 	p->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);

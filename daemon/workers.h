@@ -33,7 +33,8 @@ struct workers *workers_start(int n, const struct relay_conf *,
 void workers_stop(struct workers *, struct relay_stats *sum);
 
 /* What the main thread decided this turn: retry FAIL rows (leader), and
- * relay at all (false: single-active standby, connections kept up). */
+ * relay at all (false: single-active standby, connections kept up).
+ * Until the first call, workers stand by. */
 void workers_set_role(struct workers *, bool retries, bool active);
 /* A reloaded relay config; each worker applies it between batches. */
 void workers_set_conf(struct workers *, const struct relay_conf *);
