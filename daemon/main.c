@@ -220,8 +220,9 @@ run_daemon(struct config *cfg)
 	shutdown_timeout_s = (sig_atomic_t)((cfg->relay.shutdown_timeout_ms +
 	    999) / 1000);
 	install_signals();
-	d.workers = workers_start(cfg->relay.workers - 1, &cfg->relay,
-	    &cfg->store, &cfg->broker, err, sizeof(err));
+	d.workers = workers_start(cfg->relay.workers - 1,
+	    cfg->relay.mode == RELAY_PARALLEL, &cfg->relay, &cfg->store,
+	    &cfg->broker, err, sizeof(err));
 	if (d.workers == NULL) {
 		log_error("cannot start", "error=%s",
 		    log_quote((char[300]){ 0 }, 300, err));

@@ -86,7 +86,7 @@ worker_free(struct worker *w)
 }
 
 struct workers *
-workers_start(int n, const struct relay_conf *rconf,
+workers_start(int n, bool active, const struct relay_conf *rconf,
     const struct store_conf *sconf, const struct broker_conf *bconf,
     char *err, size_t errlen)
 {
@@ -97,10 +97,11 @@ workers_start(int n, const struct relay_conf *rconf,
 	p->w = xcalloc(n > 0 ? (size_t)n : 1, sizeof(*p->w));
 	p->conf = *rconf;
 	atomic_init(&p->stop, false);
-	/* Standing by until the main thread has decided the role: in
-	 * single-active mode a standby's workers must never claim. */
+	/* Until the main thread has decided the role: new rows only (what
+	 * a non-leader relays), or nothing (single-active: a standby's
+	 * workers must never claim). */
 	atomic_init(&p->retries, false);
-	atomic_init(&p->active, false);
+	atomic_init(&p->active, active);
 	atomic_init(&p->conf_gen, 0);
 	(void)pthread_mutex_init(&p->conf_lock, NULL);
 	p->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);

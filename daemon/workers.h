@@ -21,10 +21,12 @@ struct workers;
 
 /*
  * Starts n worker threads (0 is valid: none), each with a copy of the
- * three confs.  Signals stay with the calling thread.  NULL with err set
- * when a thread cannot be created (the ones started are stopped).
+ * three confs; they relay new rows at once when active, else stand by
+ * until workers_set_role().  Signals stay with the calling thread.  NULL
+ * with err set when a thread cannot be created (the ones started are
+ * stopped).
  */
-struct workers *workers_start(int n, const struct relay_conf *,
+struct workers *workers_start(int n, bool active, const struct relay_conf *,
     const struct store_conf *, const struct broker_conf *, char *err,
     size_t errlen);
 /* Asks every worker to stop, waits for each to finish its batch (its
@@ -33,8 +35,7 @@ struct workers *workers_start(int n, const struct relay_conf *,
 void workers_stop(struct workers *, struct relay_stats *sum);
 
 /* What the main thread decided this turn: retry FAIL rows (leader), and
- * relay at all (false: single-active standby, connections kept up).
- * Until the first call, workers stand by. */
+ * relay at all (false: single-active standby, connections kept up). */
 void workers_set_role(struct workers *, bool retries, bool active);
 /* A reloaded relay config; each worker applies it between batches. */
 void workers_set_conf(struct workers *, const struct relay_conf *);

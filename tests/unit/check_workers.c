@@ -53,7 +53,7 @@ START_TEST(test_stop_wakes_napping_workers)
 {
 	char err[256] = "";
 	struct relay_stats sum;
-	struct workers *w = workers_start(3, &rconf, &sconf, &bconf, err,
+	struct workers *w = workers_start(3, true, &rconf, &sconf, &bconf, err,
 	    sizeof(err));
 	int64_t deadline, t0, took;
 
@@ -82,7 +82,7 @@ END_TEST
 START_TEST(test_standby_workers_stop_too)
 {
 	char err[256] = "";
-	struct workers *w = workers_start(2, &rconf, &sconf, &bconf, err,
+	struct workers *w = workers_start(2, false, &rconf, &sconf, &bconf, err,
 	    sizeof(err));
 	int64_t t0;
 
@@ -97,7 +97,7 @@ END_TEST
 START_TEST(test_no_workers)
 {
 	char err[256] = "";
-	struct workers *w = workers_start(0, &rconf, &sconf, &bconf, err,
+	struct workers *w = workers_start(0, true, &rconf, &sconf, &bconf, err,
 	    sizeof(err));
 
 	ck_assert_msg(w != NULL, "workers_start: %s", err);
