@@ -1006,20 +1006,10 @@ enum server_fault {
 static void
 rabbitmq_signal(int sig)
 {
-	char path[512];
-	FILE *f;
-	int pid = 0;
+	pid_t pid = tl_rabbitmq_pid();
 
-	snprintf(path, sizeof(path), "%s/rabbitmq/rabbitmq.pid",
-	    tl_env("OUTBOXD_SERVERS_DIR"));
-	f = fopen(path, "r");
-	if (f != NULL) {
-		if (fscanf(f, "%d", &pid) != 1)
-			pid = 0;
-		fclose(f);
-	}
 	ck_assert_msg(pid > 0 && kill(pid, sig) == 0, "signal %d to "
-	    "rabbitmq (pid %d from %s) failed", sig, pid, path);
+	    "rabbitmq (pid %d) failed", sig, (int)pid);
 }
 
 /*

@@ -893,8 +893,8 @@ tl_wait_stopped(pid_t pid, int timeout_ms)
 	return true;
 }
 
-void
-tl_rabbitmq_freeze(bool freeze)
+pid_t
+tl_rabbitmq_pid(void)
 {
 	char path[512];
 	FILE *f;
@@ -908,13 +908,21 @@ tl_rabbitmq_freeze(bool freeze)
 			pid = 0;
 		fclose(f);
 	}
+	return (pid_t)pid;
+}
+
+void
+tl_rabbitmq_freeze(bool freeze)
+{
+	pid_t pid = tl_rabbitmq_pid();
+
 	/* Thawing uses no ck_assert: it also runs outside any test. */
 	if (!freeze) {
 		if (pid > 0)
 			(void)kill(pid, SIGCONT);
 		return;
 	}
-	ck_assert_msg(pid > 0, "no rabbitmq pid in %s", path);
+	ck_assert_msg(pid > 0, "no rabbitmq pid in the servers directory");
 	ck_assert_msg(kill(pid, SIGSTOP) == 0, "kill %d: %s", pid,
 	    strerror(errno));
 	/* SIGSTOP lands asynchronously: a broker still running for a few

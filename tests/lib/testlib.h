@@ -121,6 +121,8 @@ bool tl_redis_exists(const char *key);
 /* SIGSTOP (true) or SIGCONT (false) to the private RabbitMQ: a broker that
  * accepts bytes and never answers.  Unfreezing a running one is a no-op. */
 void tl_rabbitmq_freeze(bool);
+/* The private RabbitMQ's pid (its pid file), or 0 when there is none. */
+pid_t tl_rabbitmq_pid(void);
 /* Polls until every thread of pid is stopped; false after timeout_ms. */
 bool tl_wait_stopped(pid_t pid, int timeout_ms);
 /* Whether something accepts TCP connections on 127.0.0.1:port. */
