@@ -406,6 +406,11 @@ static const struct value_case {
 	{ "postgres.conninfo", "[a]", "!postgres.conninfo: expected a "
 	    "string, got a list" },
 	/* int */
+	{ "relay.workers", "16", "relay.workers: 16" },
+	{ "relay.workers", "0", "!relay.workers: must be between 1 and 16, "
+	    "got 0" },
+	{ "relay.workers", "17", "!relay.workers: must be between 1 and 16, "
+	    "got 17" },
 	{ "relay.batch_size", "1", "relay.batch_size: 1" },
 	{ "relay.batch_size", "+10000", "relay.batch_size: 10000" },
 	{ "relay.batch_size", "\"42\"", "relay.batch_size: 42" },
