@@ -1002,6 +1002,8 @@ out:
 
 struct raw_result {
 	double rate;
+	double pg_rate;		/* rows/s claimed and marked beside it */
+	long pg_rows;
 	double beam_pct, machine;
 	int64_t confirmed, consumed;
 	bool ok;
@@ -1043,14 +1045,82 @@ mq_wait_count(const char *const *queues, int nq, int64_t want)
 	return n;
 }
 
+/* Claims a batch and marks every row sent: the database's work for one
+ * batch without a broker.  Returns the rows, 0 when none were due. */
+static long
+claim_mark_batch(struct store *s, const struct store_claim_opts *co,
+    struct store_mark *marks)
+{
+	struct store_batch batch;
+	size_t n;
+
+	if (store_claim(s, co, &batch) == -1)
+		die("claim: %s", store_error(s));
+	n = batch.n;	/* store_finish() releases the batch */
+	for (size_t i = 0; i < n; i++) {
+		marks[i].id = batch.rows[i].id;
+		marks[i].kind = MARK_SUCCESS;
+	}
+	if (n > 0 && store_finish(s, &batch, marks, n) == -1)
+		die("mark: %s", store_error(s));
+	return (long)n;
+}
+
+/*
+ * The database's share of a drain without the broker: outboxd's claim
+ * and mark on rows loaded beforehand, paced to rate rows/s, until stop.
+ * Run beside a raw publisher it shows what the broker gets from a machine
+ * that also does the database's work.
+ */
+struct pgload {
+	pthread_t th;
+	long rate;
+	atomic_bool stop;
+	long done;
+};
+
+static void *
+pgload_main(void *arg)
+{
+	struct pgload *l = arg;
+	struct store_conf sc = { .conninfo = (char *)O.conninfo,
+		.connect_timeout_ms = 5000, .application_name = "bench-pgload" };
+	struct store_claim_opts co = { .limit = 1000, .include_retries = true };
+	struct store_mark *marks = xcalloc(1000, sizeof(*marks));
+	struct store *s = store_new(&sc);
+	int64_t t0;
+	long n;
+
+	if (store_connect(s) == -1)
+		die("store: %s", store_error(s));
+	t0 = us_now();
+	while (!atomic_load(&l->stop)) {
+		int64_t due = t0 + (int64_t)((double)l->done * 1e6 /
+		    (double)l->rate);
+
+		if (us_now() < due) {
+			nap_us(due - us_now() > 2000 ? 2000 : due - us_now());
+			continue;
+		}
+		n = claim_mark_batch(s, &co, marks);
+		if (n == 0)
+			break;
+		l->done += n;
+	}
+	store_free(s);
+	free(marks);
+	return NULL;
+}
+
 /*
  * Publishes for O.raw_s seconds over nconn connections to nq queues
  * (more queues than connections: a share each; fewer: they take turns
  * on them).  live: one consumer empties the queues meanwhile, as during
  * a drain; otherwise the queues fill and are counted afterwards.
+ * pg_rate > 0: PostgreSQL claims and marks that many rows/s meanwhile.
  */
 static void
-raw_run(int nconn, int nq, bool live, struct raw_result *r)
+raw_run(int nconn, int nq, bool live, long pg_rate, struct raw_result *r)
 {
 	struct publisher pubs[MAX_CONNS];
 	pthread_barrier_t start;
@@ -1061,7 +1131,19 @@ raw_run(int nconn, int nq, bool live, struct raw_result *r)
 
 	memset(r, 0, sizeof(*r));
 	memset(pubs, 0, sizeof(pubs));
+	struct pgload pl = { .rate = pg_rate };
+
 	mq_fresh_queues(bench_queues, nq);
+	if (pl.rate > 0) {
+		PGconn *c = pg_open();
+
+		reset_tables(c);
+		/* Enough for the run with room to spare: a load that ran out
+		 * early would flatter the broker. */
+		load_rows(c, 1, pl.rate * (O.raw_s + 4), 1);
+		pg_do(c, "CHECKPOINT");
+		PQfinish(c);
+	}
 	if (live)
 		consumer_start(&k, bench_queues, nq, 0, 0, false);
 	pthread_barrier_init(&start, NULL, (unsigned)nconn + 1);
@@ -1084,6 +1166,8 @@ raw_run(int nconn, int nq, bool live, struct raw_result *r)
 	pthread_barrier_wait(&start);
 	/* Connecting took a moment: run for raw_s from here. */
 	t0 = us_now();
+	if (pl.rate > 0 && pthread_create(&pl.th, NULL, pgload_main, &pl) != 0)
+		die("pthread_create failed");
 	cpu_mark(&m, -1);
 	for (int i = 0; i < nconn; i++) {
 		pthread_join(pubs[i].th, NULL);
@@ -1097,6 +1181,12 @@ raw_run(int nconn, int nq, bool live, struct raw_result *r)
 			last = pubs[i].last_us;
 	}
 	cpu_since(&m, -1, &u);
+	if (pl.rate > 0) {
+		atomic_store(&pl.stop, true);
+		pthread_join(pl.th, NULL);
+		r->pg_rows = pl.done;
+		r->pg_rate = (double)pl.done / ((double)(us_now() - t0) / 1e6);
+	}
 	pthread_barrier_destroy(&start);
 	r->rate = (double)r->confirmed / ((double)(last - t0) / 1e6);
 	r->beam_pct = u.beam;
@@ -1126,65 +1216,85 @@ regime(bool live)
 	return live ? "live consumer" : "queue fills";
 }
 
+/* The raw runs of one figure: 1, 2 and 4 connections, each the best of
+ * O.repeat; the best of them is the figure. */
+struct raw_series {
+	char parts[128];	/* "1c R, 2c R, 4c R" */
+	struct raw_result best;
+	int64_t confirmed, consumed;	/* over every run */
+	bool ok;
+};
+
+static void
+raw_series(int nq, bool live, long pg_rate, struct raw_series *sr)
+{
+	static const int nconns[] = { 1, 2, 4 };
+
+	memset(sr, 0, sizeof(*sr));
+	sr->ok = true;
+	for (size_t b = 0; b < ARRAY_LEN(nconns); b++) {
+		struct raw_result r, again;
+		size_t len = strlen(sr->parts);
+
+		raw_run(nconns[b], nq, live, pg_rate, &r);
+		for (int i = 1; i < O.repeat; i++) {
+			raw_run(nconns[b], nq, live, pg_rate, &again);
+			if (again.rate > r.rate)
+				r = again;
+		}
+		note("raw broker%s, %s: %d queue(s), %d connection(s): %.0f "
+		    "msg/s (broker %.0f%% of a core, machine %.2f cores busy"
+		    "; database %.0f rows/s)", pg_rate > 0 ? " beside the "
+		    "database" : "", regime(live), nq, nconns[b], r.rate,
+		    r.beam_pct, r.machine, r.pg_rate);
+		snprintf(sr->parts + len, sizeof(sr->parts) - len, "%s%dc %.0f",
+		    len ? ", " : "", nconns[b], r.rate);
+		sr->ok = sr->ok && r.ok;
+		sr->confirmed += r.confirmed;
+		sr->consumed += r.consumed;
+		if (r.rate > sr->best.rate)
+			sr->best = r;
+	}
+}
+
+static struct row *
+raw_row(const char *figure, const struct raw_series *sr, bool live)
+{
+	struct row *row = row_add(figure);
+
+	strfmt(row->value, sizeof(row->value), "%.0f msg/s", sr->best.rate);
+	strfmt(row->target, sizeof(row->target), "reference");
+	strfmt(row->check, sizeof(row->check), "%" PRId64 " confirmed, %"
+	    PRId64 " %s", sr->confirmed, sr->consumed, live ? "consumed" :
+	    "counted");
+	if (!sr->ok) {
+		strfmt(row->verdict, sizeof(row->verdict), "FAIL");
+		sanity_failed = true;
+	}
+	return row;
+}
+
 static void
 phase_raw(void)
 {
-	static const int nqs[] = { 1, 4 }, nconns[] = { 1, 2, 4 };
+	static const int nqs[] = { 1, 4 };
 
 	for (int live = 1; live >= 0; live--) {
 		for (size_t a = 0; a < ARRAY_LEN(nqs); a++) {
+			struct raw_series sr;
 			struct row *row;
-			char parts[128] = "", fig[64];
-			double best = 0, beam = 0, mach = 0;
-			bool ok = true;
-			int64_t conf = 0, cons = 0;
+			char fig[64];
 
-			for (size_t b = 0; b < ARRAY_LEN(nconns); b++) {
-				struct raw_result r, again;
-				size_t len = strlen(parts);
-
-				raw_run(nconns[b], nqs[a], live, &r);
-				for (int i = 1; i < O.repeat; i++) {
-					raw_run(nconns[b], nqs[a], live, &again);
-					if (again.rate > r.rate)
-						r = again;
-				}
-				note("raw broker, %s: %d queue(s), %d "
-				    "connection(s): %.0f msg/s (broker %.0f%% "
-				    "of a core, machine %.2f cores busy)",
-				    regime(live), nqs[a], nconns[b], r.rate,
-				    r.beam_pct, r.machine);
-				snprintf(parts + len, sizeof(parts) - len,
-				    "%s%dc %.0f", len ? ", " : "", nconns[b],
-				    r.rate);
-				ok = ok && r.ok;
-				conf += r.confirmed;
-				cons += r.consumed;
-				if (r.rate > best) {
-					best = r.rate;
-					beam = r.beam_pct;
-					mach = r.machine;
-				}
-			}
-			raw_best[live][nqs[a]] = best;
-			raw_cpu_us[live][nqs[a]] = best > 0 ? mach * 1e6 /
-			    best : 0;
+			raw_series(nqs[a], live, 0, &sr);
+			raw_best[live][nqs[a]] = sr.best.rate;
+			raw_cpu_us[live][nqs[a]] = sr.best.rate > 0 ?
+			    sr.best.machine * 1e6 / sr.best.rate : 0;
 			snprintf(fig, sizeof(fig), "raw RabbitMQ, %d queue%s, "
 			    "%s", nqs[a], nqs[a] > 1 ? "s" : "", regime(live));
-			row = row_add(fig);
-			strfmt(row->value, sizeof(row->value), "%.0f msg/s",
-			    best);
+			row = raw_row(fig, &sr, live);
 			strfmt(row->ref, sizeof(row->ref), "%s; broker %.0f%% "
-			    "core, machine %.1f cores", parts, beam, mach);
-			strfmt(row->target, sizeof(row->target), "reference");
-			strfmt(row->check, sizeof(row->check), "%" PRId64
-			    " confirmed, %" PRId64 " %s", conf, cons,
-			    live ? "consumed" : "counted");
-			if (!ok) {
-				strfmt(row->verdict, sizeof(row->verdict),
-				    "FAIL");
-				sanity_failed = true;
-			}
+			    "core, machine %.1f cores", sr.parts,
+			    sr.best.beam_pct, sr.best.machine);
 		}
 	}
 }
@@ -1253,19 +1363,11 @@ phase_pg(void)
 	cpu_mark(&m, -1);
 	end = t0 + 600 * 1000000LL;
 	while (done < O.rows && us_now() < end) {
-		struct store_batch batch;
+		long n = claim_mark_batch(s, &co, marks);
 
-		if (store_claim(s, &co, &batch) == -1)
-			die("claim: %s", store_error(s));
-		if (batch.n == 0)
+		if (n == 0)
 			break;
-		for (size_t i = 0; i < batch.n; i++) {
-			marks[i].id = batch.rows[i].id;
-			marks[i].kind = MARK_SUCCESS;
-		}
-		done += (long)batch.n;
-		if (store_finish(s, &batch, marks, batch.n) == -1)
-			die("mark: %s", store_error(s));
+		done += n;
 	}
 	t1 = us_now();
 	cpu_since(&m, -1, &cpu);
@@ -1467,6 +1569,7 @@ enum relay_kind {
 	RELAY_OUTBOXD,
 	RELAY_REF_SEQ,		/* the bench's own loop, one step at a time */
 	RELAY_REF_PIPE,		/* the same with the database work overlapped */
+	RELAY_REF_WINDOW,	/* pipelined, two batches unconfirmed at once */
 };
 
 struct drain_spec {
@@ -1588,7 +1691,8 @@ ref_loop(const struct drain_spec *sp, int64_t deadline,
 	struct store_conf sc = { .conninfo = (char *)O.conninfo,
 		.connect_timeout_ms = 5000, .application_name = "bench-ref" };
 	struct store_mark *marks = xcalloc((size_t)sp->batch, sizeof(*marks));
-	bool pipe = sp->relay == RELAY_REF_PIPE;
+	bool window = sp->relay == RELAY_REF_WINDOW;
+	bool pipe = sp->relay == RELAY_REF_PIPE || window;
 	struct ref_side side[2];
 	struct mqpub p;
 	long done = 0;
@@ -1610,7 +1714,26 @@ ref_loop(const struct drain_spec *sp, int64_t deadline,
 	t = us_now();
 	ref_publish(&p, &side[0]);
 	r->confirm_us += us_now() - t;
-	while (side[x].b.n > 0) {
+	while (window && side[x].b.n > 0) {
+		struct ref_side *cur = &side[x], *nxt = &side[1 - x];
+
+		/* The next batch goes out before this one's confirms are in:
+		 * the broker never waits for the relay. */
+		t = us_now();
+		ref_claim(nxt, sp->batch);
+		r->db_us += us_now() - t;
+		t = us_now();
+		if (nxt->b.n > 0)
+			ref_publish(&p, nxt);
+		if (mqpub_wait(&p, cur->end, deadline) == -1)
+			die("ref: %s", p.err);
+		r->confirm_us += us_now() - t;
+		t = us_now();
+		done += (long)ref_finish(cur, marks);
+		r->db_us += us_now() - t;
+		x = 1 - x;
+	}
+	while (!window && side[x].b.n > 0) {
 		struct ref_side *cur = &side[x], *nxt = &side[pipe ? 1 - x : x];
 
 		t = us_now();
@@ -1863,6 +1986,7 @@ drain_row(const char *figure, const struct drain_result *r, bool target)
 
 static struct drain_result drain1;	/* 1 queue, live: the baseline */
 static bool have_drain1;
+static double drain_1q_rate[2];		/* by live */
 
 /* Drains on an empty table, O.repeat times; keeps the fastest run. */
 static void
@@ -1900,6 +2024,8 @@ phase_drain(void)
 			snprintf(fig, sizeof(fig), "outboxd drain, %d queue%s, "
 			    "%s", nq, nq > 1 ? "s" : "", regime(live));
 			drain_row(fig, &r, true);
+			if (nq == 1)
+				drain_1q_rate[live] = r.rate;
 			if (live && nq == 1) {
 				drain1 = r;
 				have_drain1 = true;
@@ -1929,26 +2055,72 @@ phase_drain(void)
 	}
 }
 
+/*
+ * The raw broker on a machine that also does the database's work: the
+ * raw runs again (one queue, 1, 2 and 4 connections) while PostgreSQL
+ * claims and marks at the pace outboxd drained that regime.  The raw
+ * figures above have the machine to themselves; a relay never does, and
+ * this separates what sharing the cores costs from what the relay costs.
+ */
+static void
+phase_shared(void)
+{
+	for (int live = 1; live >= 0; live--) {
+		double pace = drain_1q_rate[live], alone = raw_best[live][1];
+		char fig[80], vs[96] = "";
+		struct raw_series sr;
+		struct row *row;
+
+		if (pace <= 0) {
+			note("shared: no outboxd drain of one queue (%s) to "
+			    "pace the database by; skipped", regime(live));
+			continue;
+		}
+		raw_series(1, live, (long)pace, &sr);
+		snprintf(fig, sizeof(fig), "raw RabbitMQ beside the database's "
+		    "work, 1 queue, %s", regime(live));
+		row = raw_row(fig, &sr, live);
+		if (alone > 0)
+			snprintf(vs, sizeof(vs), ", %.1f%% of raw alone",
+			    100 * pace / alone);
+		strfmt(row->ref, sizeof(row->ref), "%s; database %.0f rows/s "
+		    "meanwhile (outboxd's pace); outboxd's drain %.0f = %.1f%% "
+		    "of this%s; broker %.0f%% core, machine %.1f cores",
+		    sr.parts, sr.best.pg_rate, pace, 100 * pace / sr.best.rate,
+		    vs, sr.best.beam_pct, sr.best.machine);
+		/* A database that fell behind its pace would flatter the
+		 * broker: the comparison would not hold. */
+		if (sr.best.pg_rate < 0.9 * pace) {
+			strfmt(row->verdict, sizeof(row->verdict), "FAIL");
+			sanity_failed = true;
+		}
+	}
+}
+
 /* The reference loops, one queue, in both regimes. */
 static void
 phase_ref(void)
 {
 	for (int live = 1; live >= 0; live--) {
-		for (int kind = RELAY_REF_SEQ; kind <= RELAY_REF_PIPE; kind++) {
+		for (int kind = RELAY_REF_SEQ; kind <= RELAY_REF_WINDOW; kind++) {
 			struct drain_spec sp = { .n = O.rows, .nq = 1,
 				.lo = 1, .batch = O.batch, .live = live,
 				.relay = (enum relay_kind)kind };
 			struct drain_result r;
 			char tag[32], fig[80];
 
-			snprintf(tag, sizeof(tag), "ref-%s-%s",
-			    kind == RELAY_REF_SEQ ? "seq" : "pipe",
+			static const char *const tags[] = { "", "seq",
+				"pipe", "window" };
+			static const char *const names[] = { "",
+				"sequential", "pipelined",
+				"two batches in flight" };
+
+			snprintf(tag, sizeof(tag), "ref-%s-%s", tags[kind],
 			    live ? "live" : "fills");
 			sp.tag = tag;
 			drain_fresh(&sp, &r);
 			snprintf(fig, sizeof(fig), "reference loop, %s, 1 "
-			    "queue, %s", kind == RELAY_REF_SEQ ? "sequential" :
-			    "pipelined", regime(live));
+			    "queue, %s", names[kind], regime(live));
 			drain_row(fig, &r, false);
 		}
 	}
@@ -2365,8 +2537,8 @@ usage(FILE *out)
 	    "  --window N           raw publisher confirm window (2000)\n"
 	    "  --quick              50000 rows, 200000 backlog, 10 s windows,"
 	    " 3 s raw runs\n"
-	    "  --only LIST          phases: raw,pg,drain,ref,workers,idle,"
-	    "latency,scale\n"
+	    "  --only LIST          phases: raw,pg,drain,shared,workers,ref,"
+	    "idle,latency,scale\n"
 	    "  --sweep              also drain once per batch size\n"
 	    "  --repeat N           run each raw and drain figure N times, "
 	    "keep the best (1)\n");
@@ -2456,6 +2628,8 @@ main(int argc, char **argv)
 		phase_pg();
 	if (phase_on("drain"))
 		phase_drain();
+	if (phase_on("shared"))
+		phase_shared();
 	if (phase_on("workers"))
 		phase_workers();
 	if (phase_on("ref"))
