@@ -18,6 +18,9 @@
 /* Finding no SUCCESS row old enough to purge reads every sent row (there
  * is no index on edit_time): do it once a minute, not every poll. */
 #define PURGE_INTERVAL_MS 60000
+/* Compensation runs between the main relay's batches, on its session:
+ * at most 1/COMPENSATION_SHARE of that session's time. */
+#define COMPENSATION_SHARE 20
 
 struct leader {
 	struct lock *lock;	/* NULL when Redis is disabled */
@@ -135,10 +138,18 @@ update_leadership(struct leader *l)
 	set_leader(l, st == LOCK_HELD, LEADER_BACKEND_REDIS);
 }
 
+int64_t
+leader_compensation_interval_ms(int64_t poll_interval_ms, int64_t took_ms)
+{
+	int64_t stretched = took_ms * COMPENSATION_SHARE;
+
+	return stretched > poll_interval_ms ? stretched : poll_interval_ms;
+}
+
 static void
 compensate(struct leader *l)
 {
-	int64_t n, purged = 0;
+	int64_t n, purged = 0, started = now_mono_ms();
 
 	if (store_sweep_exhausted(l->store, &n) == -1)
 		goto fail;
@@ -167,7 +178,8 @@ compensate(struct leader *l)
 	l->gauges.valid = true;
 	/* A purge that filled its chunks has more to do: come back soon. */
 	l->next_compensation_ms = now_mono_ms() + (purged >= PURGE_CHUNK *
-	    PURGE_CHUNKS_PER_TICK ? 100 : l->conf.poll_interval_ms);
+	    PURGE_CHUNKS_PER_TICK ? 100 : leader_compensation_interval_ms(
+	    l->conf.poll_interval_ms, now_mono_ms() - started));
 	return;
 fail:
 	log_warn("compensation failed", "error=%s",

@@ -44,6 +44,11 @@ bool leader_redis_up(const struct leader *);
 /* Milliseconds until leader_tick has work (a renewal, a retry). */
 int64_t leader_next_tick_ms(const struct leader *);
 const struct leader_gauges *leader_gauges(const struct leader *);
+/* The wait after a compensation that took took_ms: poll_interval_ms, or
+ * longer when counting a huge backlog was slow, so that compensation
+ * never holds the relay's session more than 1/20 of the time. */
+int64_t leader_compensation_interval_ms(int64_t poll_interval_ms,
+    int64_t took_ms);
 /* Gives leadership up (shutdown): compare-and-delete in Redis, unlock
  * in PostgreSQL. */
 void leader_release(struct leader *);

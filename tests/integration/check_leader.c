@@ -1226,22 +1226,17 @@ expand_macro(const char *src, const char *define, const char *name1,
 	}
 }
 
-/* EXPLAIN EXECUTE name(500, true), custom then generic plan, as one
- * string. */
+/* EXPLAIN sql, custom then generic plan, as one string. */
 static void
-explain(const char *name, char *out, size_t size)
+explain_sql(const char *sql, char *out, size_t size)
 {
 	PGresult *res;
 	size_t len = 0;
 
 	out[0] = '\0';
 	for (int generic = 0; generic < 2; generic++) {
-		char sql[128];
-
 		tl_sql(db, "SET plan_cache_mode = %s", generic ?
 		    "force_generic_plan" : "force_custom_plan");
-		snprintf(sql, sizeof(sql), "EXPLAIN EXECUTE %s(500, true)",
-		    name);
 		res = PQexec(db, sql);
 		ck_assert_msg(PQresultStatus(res) == PGRES_TUPLES_OK, "%s: %s",
 		    sql, PQerrorMessage(db));
@@ -1252,6 +1247,16 @@ explain(const char *name, char *out, size_t size)
 		ck_assert_uint_lt(len, size);
 	}
 	tl_sql(db, "RESET plan_cache_mode");
+}
+
+/* EXPLAIN EXECUTE name(500, true), custom then generic plan. */
+static void
+explain(const char *name, char *out, size_t size)
+{
+	char sql[128];
+
+	snprintf(sql, sizeof(sql), "EXPLAIN EXECUTE %s(500, true)", name);
+	explain_sql(sql, out, size);
 }
 
 /* How many rows EXECUTE name(500, true) claims (rolled back). */
@@ -1276,7 +1281,8 @@ claimed(const char *name)
 /*
  * The claim, as store.c builds it, with ordering on and 100,000 sent
  * rows: it walks the partial due index, answers "an older unsent row
- * with this key?" from the partial key index, and scans no table.
+ * with this key?" from the partial key index, and scans no table.  The
+ * leader's sweep reads only its own index.
  */
 START_TEST(test_claim_plan_stays_on_indexes)
 {
@@ -1331,6 +1337,17 @@ START_TEST(test_claim_plan_stays_on_indexes)
 	 * without a key. */
 	ck_assert_int_eq(claimed("claim_all"), 200 + 50);
 	ck_assert_int_eq(claimed("claim_new"), 180 + 50);
+	/* The leader's sweep of rows out of retries reads its own partial
+	 * index (sql/006), not the unsent rows. */
+	expand_macro(src, "#define SWEEP_EXHAUSTED_SQL", NULL, NULL, NULL,
+	    NULL, sql, sizeof(sql));
+	tl_sql(db, "PREPARE sweep AS %s", sql);
+	explain_sql("EXPLAIN EXECUTE sweep", plan, sizeof(plan));
+	ck_assert_msg(strstr(plan, "t_transactional_message_exhausted_idx")
+	    != NULL, "the sweep does not use its index:\n%s", plan);
+	ck_assert_msg(strstr(plan, "Seq Scan") == NULL &&
+	    strstr(plan, "due_idx") == NULL, "the sweep reads unsent rows:\n%s",
+	    plan);
 }
 END_TEST
 

@@ -1,10 +1,12 @@
 /*
  * The relay's state changes without servers: what a failed publish does
- * to a row (retry with the row's backoff, or dead).
+ * to a row (retry with the row's backoff, or dead), and how often the
+ * leader's compensation may take the relay's session.
  */
 #include <check.h>
 #include <stdlib.h>
 
+#include "leader.h"
 #include "relay.h"
 
 static struct backoff_params global;
@@ -87,11 +89,35 @@ START_TEST(test_bad_row_backoff_falls_back)
 }
 END_TEST
 
+/* Compensation every poll_interval while it is quick; a slow one (a
+ * huge backlog to count) waits 20 times as long as it took instead, so
+ * that it never takes more than 5% of the relay's session. */
+START_TEST(test_compensation_interval)
+{
+	static const struct {
+		int64_t poll_ms, took_ms, want_ms;
+	} cases[] = {
+		{ 5000, 0, 5000 },
+		{ 5000, 80, 5000 },	/* 1,000,000 rows: 80 ms */
+		{ 5000, 250, 5000 },	/* exactly 1/20 */
+		{ 5000, 251, 5020 },
+		{ 5000, 800, 16000 },	/* 10,000,000 rows */
+		{ 100, 80, 1600 },	/* a short poll_interval is stretched */
+		{ 100, 2, 100 },
+	};
+
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+		ck_assert_int_eq(leader_compensation_interval_ms(
+		    cases[i].poll_ms, cases[i].took_ms), cases[i].want_ms);
+}
+END_TEST
+
 int
 main(void)
 {
 	Suite *s = suite_create("relay-state");
 	TCase *tc = tcase_create("reschedule");
+	TCase *tc_comp = tcase_create("compensation");
 	SRunner *sr;
 	int failed;
 
@@ -99,6 +125,8 @@ main(void)
 	tcase_add_test(tc, test_reschedule_table);
 	tcase_add_test(tc, test_bad_row_backoff_falls_back);
 	suite_add_tcase(s, tc);
+	tcase_add_test(tc_comp, test_compensation_interval);
+	suite_add_tcase(s, tc_comp);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
 	failed = srunner_ntests_failed(sr);
