@@ -158,6 +158,8 @@ report_state(struct daemon *d)
 	metrics_set_connection(METRICS_SERVER_RABBITMQ, amqp);
 	metrics_set_connection(METRICS_SERVER_REDIS,
 	    leader_redis_up(d->leader));
+	metrics_set_relays((unsigned)((pg && amqp ? 1 : 0) +
+	    workers_connected(d->workers)), (unsigned)d->cfg->relay.workers);
 	metrics_set_leader(leader_is_leader(d->leader),
 	    (enum metrics_backend)leader_backend(d->leader));
 	if (leader_is_leader(d->leader) && g->valid)

@@ -40,6 +40,7 @@ struct registry {
 	bool leader;
 	enum metrics_backend backend;
 	bool conn_up[METRICS_SERVER_COUNT];
+	unsigned relays, relays_connected;
 	uint64_t reconnects[METRICS_SERVER_COUNT];
 	bool healthy;
 	char health_reason[128];
@@ -223,6 +224,15 @@ metrics_set_connection(enum metrics_server s, bool up)
 		return;
 	reg_lock();
 	reg.conn_up[s] = up;
+	reg_unlock();
+}
+
+void
+metrics_set_relays(unsigned connected, unsigned total)
+{
+	reg_lock();
+	reg.relays = total;
+	reg.relays_connected = connected < total ? connected : total;
 	reg_unlock();
 }
 
@@ -415,6 +425,14 @@ metrics_render(char *buf, size_t size)
 	for (i = 0; i < METRICS_SERVER_COUNT; i++)
 		out_printf(&o, "outboxd_connection_up{server=\"%s\"} %d\n",
 		    server_names[i], r.conn_up[i] ? 1 : 0);
+	/* outboxd_connection_up follows the main relay; a worker that
+	 * cannot connect (max_connections reached, say) shows here. */
+	out_header(&o, "outboxd_relays", "gauge",
+	    "Relays running: the main one and its workers (relay.workers).");
+	out_printf(&o, "outboxd_relays %u\n", r.relays);
+	out_header(&o, "outboxd_relays_connected", "gauge",
+	    "Relays whose PostgreSQL and RabbitMQ connections are both up.");
+	out_printf(&o, "outboxd_relays_connected %u\n", r.relays_connected);
 	out_header(&o, "outboxd_reconnects_total", "counter",
 	    "Connections established again after a loss.");
 	for (i = 0; i < METRICS_SERVER_COUNT; i++)

@@ -31,6 +31,7 @@ struct worker {
 	struct broker *broker;
 	struct relay *relay;
 	atomic_int_least64_t heartbeat_ms;	/* end of the last step */
+	atomic_bool connected;	/* both servers up after the last step */
 };
 
 struct workers {
@@ -72,6 +73,8 @@ worker_main(void *arg)
 			relay_step(w->relay, STEP_MS);
 		else
 			relay_standby(w->relay, STEP_MS);
+		atomic_store(&w->connected, relay_store_up(w->relay) &&
+		    relay_broker_up(w->relay));
 		atomic_store(&w->heartbeat_ms, now_mono_ms());
 	}
 	return NULL;
@@ -125,6 +128,7 @@ workers_start(int n, bool active, const struct relay_conf *rconf,
 		w->relay = relay_new(rconf, w->store, w->broker);
 		relay_set_wake_fd(w->relay, p->wake_fd);
 		atomic_init(&w->heartbeat_ms, now_mono_ms());
+		atomic_init(&w->connected, false);
 		p->n = i + 1;
 		rc = pthread_create(&w->thread, NULL, worker_main, w);
 		if (rc != 0)
@@ -191,6 +195,16 @@ workers_set_conf(struct workers *p, const struct relay_conf *conf)
 	p->conf = *conf;
 	(void)pthread_mutex_unlock(&p->conf_lock);
 	atomic_fetch_add(&p->conf_gen, 1);
+}
+
+int
+workers_connected(const struct workers *p)
+{
+	int n = 0;
+
+	for (int i = 0; i < p->n; i++)
+		n += atomic_load(&p->w[i].connected) ? 1 : 0;
+	return n;
 }
 
 int64_t

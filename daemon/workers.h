@@ -40,6 +40,8 @@ void workers_set_role(struct workers *, bool retries, bool active);
 /* A reloaded relay config; each worker applies it between batches. */
 void workers_set_conf(struct workers *, const struct relay_conf *);
 
+/* How many workers have both connections up (as of their last step). */
+int workers_connected(const struct workers *);
 /* Milliseconds since the slowest worker last finished a step, for the
  * watchdog: a worker stuck that long is a stuck daemon. */
 int64_t workers_stalled_ms(const struct workers *);

@@ -846,6 +846,11 @@ START_TEST(test_metrics_and_health)
 	ck_assert_double_eq(metric(body, "outboxd_leader_backend"
 	    "{backend=\"redis\"}"), 1);
 	ck_assert_double_eq(metric(body, "outboxd_rows_pending"), 0);
+	/* relay.workers (2 by default): the main relay and one worker, both
+	 * connected. */
+	ck_assert_double_eq(metric(body, "outboxd_relays"), 2);
+	ck_assert_double_eq(wait_metric("outboxd_relays_connected", 2, 10000),
+	    2);
 	ck_assert_msg(strstr(body, "\noutboxd_build_info{version=\"") !=
 	    NULL, "no build_info in:\n%s", body);
 	ck_assert_msg(strstr(body, "# TYPE outboxd_batch_duration_seconds "
@@ -872,12 +877,17 @@ START_TEST(test_metrics_and_health)
 	    "{server=\"rabbitmq\"}", 0, 10000), 0);
 	ck_assert_double_eq(wait_metric("outboxd_connection_up"
 	    "{server=\"postgres\"}", 1, 10000), 1);
+	/* The worker's connection counts too, not just the main relay's. */
+	ck_assert_double_eq(wait_metric("outboxd_relays_connected", 0, 10000),
+	    0);
 
 	/* Back: healthy again and delivering. */
 	tl_servers("start", "rabbitmq");
 	ck_assert_int_eq(wait_health(200, health, sizeof(health), 60000), 200);
 	ck_assert_double_eq(wait_metric("outboxd_connection_up"
 	    "{server=\"rabbitmq\"}", 1, 10000), 1);
+	ck_assert_double_eq(wait_metric("outboxd_relays_connected", 2, 30000),
+	    2);
 	a = tl_amqp_open();
 	tl_consume(a, "dmn.metrics");
 	/* Drain what was delivered before the restart (persistent). */

@@ -69,6 +69,8 @@ static const struct {
 	{ "outboxd_leader", "gauge" },
 	{ "outboxd_leader_backend", "gauge" },
 	{ "outboxd_connection_up", "gauge" },
+	{ "outboxd_relays", "gauge" },
+	{ "outboxd_relays_connected", "gauge" },
 	{ "outboxd_reconnects_total", "counter" },
 };
 
@@ -243,6 +245,8 @@ START_TEST(test_gauges)
 	ck_assert_line(text, "outboxd_leader_backend{backend=\"none\"} 1");
 	ck_assert_line(text, "outboxd_leader_backend{backend=\"redis\"} 0");
 	ck_assert_line(text, "outboxd_connection_up{server=\"postgres\"} 0");
+	ck_assert_line(text, "outboxd_relays 0");
+	ck_assert_line(text, "outboxd_relays_connected 0");
 	free(text);
 
 	metrics_set_rows(10, 4, 2, 12.5);
@@ -250,6 +254,7 @@ START_TEST(test_gauges)
 	metrics_set_connection(METRICS_SERVER_POSTGRES, true);
 	metrics_set_connection(METRICS_SERVER_RABBITMQ, true);
 	metrics_set_connection(METRICS_SERVER_RABBITMQ, false);
+	metrics_set_relays(1, 3);
 	text = render();
 	ck_assert_line(text, "outboxd_rows_pending 10");
 	ck_assert_line(text, "outboxd_rows_due 4");
@@ -262,6 +267,13 @@ START_TEST(test_gauges)
 	ck_assert_line(text, "outboxd_connection_up{server=\"postgres\"} 1");
 	ck_assert_line(text, "outboxd_connection_up{server=\"rabbitmq\"} 0");
 	ck_assert_line(text, "outboxd_connection_up{server=\"redis\"} 0");
+	ck_assert_line(text, "outboxd_relays 3");
+	ck_assert_line(text, "outboxd_relays_connected 1");
+	free(text);
+	/* More connected than running cannot be: capped. */
+	metrics_set_relays(5, 2);
+	text = render();
+	ck_assert_line(text, "outboxd_relays_connected 2");
 	free(text);
 
 	/* Gauges are set, not added; nonsense ages read as 0. */
