@@ -7,6 +7,7 @@
 #   make stop            stop the servers that `make run` started
 #   make SANITIZER=address,undefined test
 #   make valgrind        unit tests under valgrind memcheck
+#   make tsan            the suites that run relay workers, under ThreadSanitizer
 #   make install PREFIX=/usr/local DESTDIR=
 
 CC       ?= cc
@@ -53,7 +54,7 @@ BENCH_SRCS  := $(sort $(wildcard bench/*.c))
 BENCH_BINS  := $(BENCH_SRCS:%.c=$(B)/%)
 
 .PHONY: all deps test unit integration run stop servers-status valgrind \
-	bench install format clean
+	tsan bench install format clean
 .DEFAULT_GOAL := all
 
 all: $(B)/outboxd
@@ -113,6 +114,24 @@ integration: $(B)/outboxd $(INTEG_BINS)
 
 valgrind: $(B)/outboxd $(UNIT_BINS)
 	@VALGRIND=1 tests/run-unit.sh $(UNIT_BINS)
+
+# Relay workers are threads: their unit suite and the integration suites
+# that run several of them (relay: 2-4 workers; daemon: reloads reach
+# them), under ThreadSanitizer.  A report aborts the process, and so fails
+# its test.  setarch -R: TSan needs the address layout it expects, which
+# a kernel with more mmap randomness does not give it.
+TSAN_B := build/tsan
+TSAN_UNIT := $(TSAN_B)/tests/unit/check_workers
+TSAN_INTEG := $(TSAN_B)/tests/integration/check_relay \
+	$(TSAN_B)/tests/integration/check_daemon
+tsan:
+	@$(MAKE) --no-print-directory SANITIZER=thread B=$(TSAN_B) \
+		$(TSAN_B)/outboxd $(TSAN_UNIT) $(TSAN_INTEG)
+	@export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1"; \
+	setarch "$$(uname -m)" -R env OUTBOXD_BIN=$(TSAN_B)/outboxd \
+		tests/run-unit.sh $(TSAN_UNIT) && \
+	setarch "$$(uname -m)" -R env OUTBOXD_BIN=$(TSAN_B)/outboxd \
+		tests/run-integration.sh $(TSAN_INTEG)
 
 bench: deps $(B)/outboxd $(BENCH_BINS)
 	@OUTBOXD_BIN=$(B)/outboxd bench/run.sh
