@@ -188,9 +188,10 @@ daemon_step(struct daemon *d, int64_t max_wait_ms)
 	 * rows only (parallel) or stand by (single-active). */
 	relay_set_retries(d->relay, leader || single);
 	workers_set_role(d->workers, leader || single, !single || leader);
-	if (!single || leader)
-		relay_step(d->relay, max_wait_ms);
-	else
+	if (!single || leader) {
+		if (relay_step(d->relay, max_wait_ms))
+			workers_kick(d->workers);
+	} else
 		relay_standby(d->relay, max_wait_ms);
 	report_state(d);
 }

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "log.h"
 #include "metrics.h"
@@ -23,6 +24,7 @@ struct relay {
 	struct relay_stats stats;
 	bool include_retries;
 	int wake_fd;		/* readable: stop waiting; -1 none */
+	int kick_fd;		/* a worker's: backlog found; -1 none */
 	/* Reconnect pacing, one cursor per server. */
 	struct backoff_cursor store_retry, broker_retry;
 	int64_t store_retry_at, broker_retry_at; /* monotonic ms */
@@ -46,6 +48,7 @@ relay_new(const struct relay_conf *conf, struct store *store,
 	r->broker = broker;
 	r->include_retries = true;
 	r->wake_fd = -1;
+	r->kick_fd = -1;
 	backoff_rng_seed_random(&r->rng);
 	relay_set_conf(r, conf);
 	backoff_cursor_init(&r->store_retry, &conf->reconnect);
@@ -95,6 +98,12 @@ void
 relay_set_wake_fd(struct relay *r, int fd)
 {
 	r->wake_fd = fd;
+}
+
+void
+relay_set_kick_fd(struct relay *r, int kick_fd)
+{
+	r->kick_fd = kick_fd;
 }
 
 const struct relay_stats *
@@ -358,7 +367,9 @@ ensure_store(struct relay *r)
 	}
 	if (now < r->store_retry_at)
 		return false;
-	if (store_connect(r->store) == 0 && store_listen(r->store) == 0) {
+	/* A worker is kicked by the main relay instead of listening. */
+	if (store_connect(r->store) == 0 &&
+	    (r->kick_fd >= 0 || store_listen(r->store) == 0)) {
 		log_info("postgres connected", NULL);
 		metrics_inc_reconnect(METRICS_SERVER_POSTGRES);
 		backoff_cursor_reset(&r->store_retry);
@@ -410,15 +421,17 @@ nap(struct relay *r, int64_t timeout_ms)
 		log_warn("poll failed", "error=%s", strerror(errno));
 }
 
-/* Waits for a NOTIFY on the store's socket, a signal, the wake fd or
- * timeout_ms. */
+/* Waits for a NOTIFY on the store's socket, a signal, the wake fd, a
+ * kick or timeout_ms. */
 static void
 wait_for_work(struct relay *r, int64_t timeout_ms)
 {
-	struct pollfd pfd[2] = {
+	struct pollfd pfd[3] = {
 		{ .fd = store_socket(r->store), .events = POLLIN },
 		{ .fd = r->wake_fd, .events = POLLIN },
+		{ .fd = r->kick_fd, .events = POLLIN },
 	};
+	uint64_t kicks;
 
 	if (timeout_ms <= 0)
 		return;
@@ -439,13 +452,17 @@ wait_for_work(struct relay *r, int64_t timeout_ms)
 	default:
 		return;
 	}
-	/* A negative fd is skipped by poll(): no wake fd, one entry. */
-	if (poll(pfd, 2, (int)timeout_ms) == -1 && errno != EINTR) {
+	/* poll() skips negative fds: no wake or kick fd, fewer entries. */
+	if (poll(pfd, 3, (int)timeout_ms) == -1 && errno != EINTR) {
 		log_warn("poll failed", "error=%s", strerror(errno));
 		return;
 	}
 	if (pfd[0].revents != 0 && store_drain_notifies(r->store) == -1)
 		store_disconnect(r->store);
+	/* Read, or a kick would end every later wait at once (a busy loop,
+	 * in standby above all).  Non-blocking: another read may have won. */
+	if (pfd[2].revents != 0)
+		(void)!read(r->kick_fd, &kicks, sizeof(kicks));
 }
 
 /*
@@ -507,28 +524,30 @@ tick_broker(struct relay *r)
 		broker_disconnect(r->broker);
 }
 
-void
+bool
 relay_step(struct relay *r, int64_t max_wait_ms)
 {
 	size_t claimed = 0;
 
 	if (!connections_up(r, max_wait_ms))
-		return;
+		return false;
 	if (relay_cycle(r, &claimed) == -1)
-		return;		/* connections_up reconnects next step */
+		return false;	/* connections_up reconnects next step */
 	/* A full batch means a backlog: claim again at once.  With per-key
 	 * ordering, a batch holds one row per key, so the next row of each
 	 * key is due right after this one: go again too. */
-	if (claimed == (size_t)r->conf.batch_size ||
-	    (claimed > 0 && r->conf.ordering_by_key))
-		return;
+	if (claimed == (size_t)r->conf.batch_size)
+		return true;
+	if (claimed > 0 && r->conf.ordering_by_key)
+		return false;
 	/* Notifications that arrived during the cycle are for rows it may
 	 * not have seen: drain them, and if any, go round again. */
 	if (store_drain_notifies(r->store) > 0)
-		return;
+		return false;
 	if (store_connected(r->store))
 		wait_for_work(r, idle_timeout(r, max_wait_ms));
 	tick_broker(r);
+	return false;
 }
 
 void

@@ -63,15 +63,23 @@ void relay_set_retries(struct relay *, bool);
 /* A descriptor whose readability ends the relay's waits (a worker's
  * stop); -1 (the default) for none: then only a signal does. */
 void relay_set_wake_fd(struct relay *, int fd);
+/*
+ * For a worker: do not LISTEN; wait instead for kick_fd (an eventfd the
+ * main relay writes when it finds a backlog, see relay_step), besides the
+ * next due row and poll_interval.  A NOTIFY then wakes one relay, not
+ * every worker of the process.
+ */
+void relay_set_kick_fd(struct relay *, int kick_fd);
 
 /*
  * Does one step of work: (re)connects what is down, then runs one cycle,
  * or waits for a NOTIFY, the next due row or the poll interval — never
  * longer than max_wait_ms, so the caller can renew locks and feed the
  * watchdog.  A signal cuts the wait short.  Errors are handled inside
- * (logged, connection dropped, retried with backoff).
+ * (logged, connection dropped, retried with backoff).  Returns true when
+ * the cycle found a backlog (a full batch): time to call in the workers.
  */
-void relay_step(struct relay *, int64_t max_wait_ms);
+bool relay_step(struct relay *, int64_t max_wait_ms);
 
 /* Keeps the connections up without claiming (single-active standby). */
 void relay_standby(struct relay *, int64_t max_wait_ms);

@@ -32,6 +32,7 @@ struct worker {
 	struct relay *relay;
 	atomic_int_least64_t heartbeat_ms;	/* end of the last step */
 	atomic_bool connected;	/* both servers up after the last step */
+	int kick_fd;		/* eventfd: the main relay found a backlog */
 };
 
 struct workers {
@@ -86,6 +87,8 @@ worker_free(struct worker *w)
 	relay_free(w->relay);
 	broker_free(w->broker);
 	store_free(w->store);
+	if (w->kick_fd != -1)
+		close(w->kick_fd);
 }
 
 struct workers *
@@ -123,13 +126,19 @@ workers_start(int n, bool active, const struct relay_conf *rconf,
 
 		w->pool = p;
 		w->index = i + 1;
+		p->n = i + 1;	/* from here on workers_stop() frees it */
+		w->kick_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+		if (w->kick_fd == -1) {
+			rc = errno;
+			break;
+		}
 		w->store = store_new(sconf);
 		w->broker = broker_new(bconf);
 		w->relay = relay_new(rconf, w->store, w->broker);
 		relay_set_wake_fd(w->relay, p->wake_fd);
+		relay_set_kick_fd(w->relay, w->kick_fd);
 		atomic_init(&w->heartbeat_ms, now_mono_ms());
 		atomic_init(&w->connected, false);
-		p->n = i + 1;
 		rc = pthread_create(&w->thread, NULL, worker_main, w);
 		if (rc != 0)
 			break;
@@ -195,6 +204,15 @@ workers_set_conf(struct workers *p, const struct relay_conf *conf)
 	p->conf = *conf;
 	(void)pthread_mutex_unlock(&p->conf_lock);
 	atomic_fetch_add(&p->conf_gen, 1);
+}
+
+void
+workers_kick(struct workers *p)
+{
+	uint64_t one = 1;
+
+	for (int i = 0; i < p->n; i++)
+		(void)!write(p->w[i].kick_fd, &one, sizeof(one));
 }
 
 int

@@ -40,6 +40,9 @@ void workers_set_role(struct workers *, bool retries, bool active);
 /* A reloaded relay config; each worker applies it between batches. */
 void workers_set_conf(struct workers *, const struct relay_conf *);
 
+/* The main relay found a backlog: wake every waiting worker to claim.
+ * Workers do not LISTEN, so that a NOTIFY wakes one relay, not all. */
+void workers_kick(struct workers *);
 /* How many workers have both connections up (as of their last step). */
 int workers_connected(const struct workers *);
 /* Milliseconds since the slowest worker last finished a step, for the

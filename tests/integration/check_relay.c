@@ -171,6 +171,53 @@ START_TEST(test_workers_share_the_backlog)
 END_TEST
 
 /*
+ * Workers do not LISTEN: a trickle of single rows is relayed by the main
+ * relay alone (when every NOTIFY woke every worker, they took about two
+ * rows in three), and a backlog calls them in at once.
+ */
+START_TEST(test_workers_join_on_a_backlog)
+{
+	enum { TRICKLE = 30, BACKLOG = 5000, WORKERS = 3 };
+	struct tl_amqp *a = tl_amqp_open();
+	struct tl_msg m;
+	char log[512], needle[64];
+	int by_workers;
+	pid_t pid;
+
+	tl_queue(a, "relay.kick", "", "");
+	tl_consume(a, "relay.kick");
+	pid = tl_outboxd_start("log.level: debug\nrelay.batch_size: 100\n"
+	    "relay.workers: 3\nrelay.poll_interval: 30s\n");
+	snprintf(log, sizeof(log), "%s", tl_outboxd_log(pid));
+	ck_assert_int_eq(tl_wait_sql_int(db, WORKERS, 20000, "SELECT count(*) "
+	    "FROM pg_stat_activity WHERE application_name = 'outboxd'"),
+	    WORKERS);
+	for (int i = 0; i < TRICKLE; i++) {
+		tl_sql(db, "SELECT outbox_enqueue('', 'relay.kick', 'one')");
+		ck_assert(tl_next(a, 10000, &m));
+		tl_msg_free(&m);
+	}
+	/* A worker's own claim, once a second while idle, may still catch
+	 * a row now and then. */
+	by_workers = tl_file_lines(log, "msg=\"batch done\" worker=", NULL);
+	ck_assert_msg(by_workers <= 3, "workers relayed %d of %d single rows "
+	    "(log %s)", by_workers, TRICKLE, log);
+	tl_sql(db, "SELECT outbox_enqueue('', 'relay.kick', 'backlog ' || g) "
+	    "FROM generate_series(1, %d) g", BACKLOG);
+	ck_assert_int_eq(tl_wait_sql_int(db, TRICKLE + BACKLOG, 30000,
+	    COUNT_STATUS(1)), TRICKLE + BACKLOG);
+	ck_assert_int_eq(tl_outboxd_stop(pid, 20000), 0);
+	for (int w = 1; w < WORKERS; w++) {
+		snprintf(needle, sizeof(needle), "msg=\"batch done\" "
+		    "worker=%d rows=", w);
+		ck_assert_msg(tl_file_lines(log, needle, NULL) > 0, "worker %d "
+		    "was not called in for the backlog (log %s)", w, log);
+	}
+	tl_amqp_close(a);
+}
+END_TEST
+
+/*
  * SIGTERM while every worker has a batch in flight: each batch finishes
  * (confirms awaited, rows marked) before the process exits 0, so what is
  * SUCCESS is exactly what arrived, and no row is left locked.
@@ -409,6 +456,7 @@ main(void)
 	tcase_add_test(tc, test_function_and_plain_inserts_arrive);
 	tcase_add_test(tc, test_ten_thousand_rows_each_once);
 	tcase_add_test(tc, test_workers_share_the_backlog);
+	tcase_add_test(tc, test_workers_join_on_a_backlog);
 	tcase_add_test(tc, test_workers_stop_cleanly_mid_stream);
 	tcase_add_test(tc, test_bad_rows_fail_alone_and_die);
 	tcase_add_test(tc, test_failure_is_rescheduled_in_future);
