@@ -180,9 +180,9 @@ START_TEST(test_sample_syntax)
 		ck_assert_msg(*end == '\0', "bad value: %s", l);
 		samples++;
 	}
-	/* 10 plain values, 6 reasons, 2 x 17 histogram lines, 3 backends,
-	 * 3 + 3 per server. */
-	ck_assert_int_eq(samples, 10 + 6 + 34 + 3 + 3 + 3);
+	/* 12 plain values (relays and relays_connected among them), 6
+	 * reasons, 2 x 17 histogram lines, 3 backends, 3 + 3 per server. */
+	ck_assert_int_eq(samples, 12 + 6 + 34 + 3 + 3 + 3);
 	free(text);
 }
 END_TEST
