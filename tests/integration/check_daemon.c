@@ -917,25 +917,34 @@ END_TEST
 #define RABBIT_SECRET2 "Rabb1t-Changed-dmn-0816"
 #define REDIS_SECRET "Red1s-S3cret-dmn-1234"
 
+/* rabbitmqctl ARGS against the test node; its exit status. */
+static int
+rabbitmqctl(const char *args)
+{
+	char cmd[1024];
+
+	snprintf(cmd, sizeof(cmd), "HOME='%s/rabbitmq' "
+	    "/usr/lib/rabbitmq/bin/rabbitmqctl -q -n '%s' %s >/dev/null 2>&1",
+	    tl_env("OUTBOXD_SERVERS_DIR"), tl_env("OUTBOXD_RABBIT_NODE"),
+	    args);
+	return system(cmd);
+}
+
 /* A RabbitMQ user whose password is recognisable, so the test can both
  * log in with it and look for it. */
 static void
 rabbit_user(const char *user, const char *password)
 {
-	char cmd[1024];
+	char args[512];
 
-	snprintf(cmd, sizeof(cmd), "HOME='%s/rabbitmq' %s/rabbitmqctl -q -n "
-	    "'%s' delete_user %s >/dev/null 2>&1; HOME='%s/rabbitmq' "
-	    "%s/rabbitmqctl -q -n '%s' add_user %s '%s' >/dev/null && "
-	    "HOME='%s/rabbitmq' %s/rabbitmqctl -q -n '%s' set_permissions -p / "
-	    "%s '.*' '.*' '.*' >/dev/null",
-	    tl_env("OUTBOXD_SERVERS_DIR"), "/usr/lib/rabbitmq/bin",
-	    tl_env("OUTBOXD_RABBIT_NODE"), user,
-	    tl_env("OUTBOXD_SERVERS_DIR"), "/usr/lib/rabbitmq/bin",
-	    tl_env("OUTBOXD_RABBIT_NODE"), user, password,
-	    tl_env("OUTBOXD_SERVERS_DIR"), "/usr/lib/rabbitmq/bin",
-	    tl_env("OUTBOXD_RABBIT_NODE"), user);
-	ck_assert_msg(system(cmd) == 0, "rabbitmqctl failed for %s", user);
+	/* It may be left from an earlier run: start afresh. */
+	snprintf(args, sizeof(args), "delete_user %s", user);
+	(void)rabbitmqctl(args);
+	snprintf(args, sizeof(args), "add_user %s '%s'", user, password);
+	ck_assert_msg(rabbitmqctl(args) == 0, "rabbitmqctl %s failed", args);
+	snprintf(args, sizeof(args), "set_permissions -p / %s '.*' '.*' '.*'",
+	    user);
+	ck_assert_msg(rabbitmqctl(args) == 0, "rabbitmqctl %s failed", args);
 }
 
 static void
@@ -1031,6 +1040,54 @@ END_TEST
 
 /* --- logs ---------------------------------------------------------------- */
 
+/*
+ * A relay worker that cannot connect (here: a RabbitMQ user allowed one
+ * connection, for two relays) is visible in outboxd_relays_connected,
+ * retries with backoff, and does not stop the other relay from serving;
+ * once the broker lets it in, it connects on its own.
+ */
+START_TEST(test_worker_without_connection)
+{
+	enum { N = 20 };
+	struct tl_amqp *a = tl_amqp_open();
+	char cfg[512], yaml[1024], *log;
+	pid_t pid;
+
+	/* The test's own connection is another user's: not counted. */
+	tl_queue(a, "dmn.limited", "", "");
+	tl_amqp_close(a);
+	rabbit_user("dmnlimited", "dmn-limited-pw");
+	ck_assert_int_eq(rabbitmqctl("set_user_limits dmnlimited "
+	    "'{\"max-connections\": 1}'"), 0);
+	ck_assert_int_eq(setenv("DMN_RABBIT_LIMITED", "dmn-limited-pw", 1), 0);
+	snprintf(yaml, sizeof(yaml), "relay.workers: 2\n"
+	    "rabbitmq.user: dmnlimited\n"
+	    "rabbitmq.password_env: DMN_RABBIT_LIMITED\n"
+	    "redis.key: \"dmn:leader:limited\"\n"
+	    "http.listen: \"127.0.0.1:%d\"\n", http_port());
+	tl_config_write(cfg, sizeof(cfg), yaml);
+	pid = tl_outboxd_start_file(cfg);
+	log = log_of(pid);
+	ck_assert_double_eq(wait_metric("outboxd_relays", 2, 10000), 2);
+	ck_assert_double_eq(wait_metric("outboxd_relays_connected", 1, 20000),
+	    1);
+	ck_assert(wait_log(log, "msg=\"rabbitmq unavailable\"", 1, 10000));
+	/* Whichever relay got the connection serves: rows are confirmed
+	 * (SUCCESS is set only on the broker's ack). */
+	enqueue("dmn.limited", N);
+	ck_assert_int_eq(tl_wait_sql_int(db, N, 30000, COUNT_STATUS(1)), N);
+	ck_assert_double_eq(wait_metric("outboxd_relays_connected", 1, 1000),
+	    1);
+	ck_assert_int_eq(rabbitmqctl("clear_user_limits dmnlimited "
+	    "max-connections"), 0);
+	ck_assert_double_eq(wait_metric("outboxd_relays_connected", 2, 30000),
+	    2);
+	ck_assert_int_eq(tl_outboxd_stop(pid, 25000), 0);
+	check_logfmt(log);
+	free(log);
+}
+END_TEST
+
 /* Debug level, good and bad rows, a reload with errors: every line of
  * stderr is logfmt. */
 START_TEST(test_log_lines_are_logfmt)
@@ -1085,6 +1142,7 @@ main(void)
 	tcase_add_test(tc, test_cli_status_dead_replay_purge_migrate);
 	tcase_add_test(tc, test_metrics_and_health);
 	tcase_add_test(tc, test_secrets_never_logged);
+	tcase_add_test(tc, test_worker_without_connection);
 	tcase_add_test(tc, test_log_lines_are_logfmt);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
