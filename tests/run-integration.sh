@@ -33,15 +33,26 @@ for t in "$@"; do
 	# Each suite gets a fresh set of rows; servers stay up between them.
 	PGOPTIONS="-c client_min_messages=warning" psql -q \
 		-c "TRUNCATE t_transactional_message CASCADE" >/dev/null
+	# Each suite's output is kept, so a failure can be repeated at the end,
+	# where a reader of a long CI log (often only its tail) will see it.
+	out="$dir/${t##*/}.out"
 	if [ "${t%.sh}" != "$t" ]; then
-		timeout "${SUITE_TIMEOUT:-900}" bash "$t" || failed+=("${t##*/}")
+		timeout "${SUITE_TIMEOUT:-900}" bash "$t" 2>&1 | tee "$out" ||
+			failed+=("${t##*/}")
 	else
-		timeout "${SUITE_TIMEOUT:-900}" "$t" || failed+=("${t##*/}")
+		timeout "${SUITE_TIMEOUT:-900}" "$t" 2>&1 | tee "$out" ||
+			failed+=("${t##*/}")
 	fi
 	# A suite that stopped a server leaves it down: bring it back.
 	tests/servers.sh start "$dir" >/dev/null 2>&1 || true
 done
 if [ ${#failed[@]} -gt 0 ]; then
+	for f in "${failed[@]}"; do
+		echo "== what failed in $f:"
+		# Check's failure lines (file:line:F|E:...), else the tail.
+		grep -E '^[^ ]+:[0-9]+:[FE]:' "$dir/$f.out" ||
+			tail -n 15 "$dir/$f.out"
+	done
 	echo "integration tests FAILED: ${failed[*]}"
 	exit 1
 fi

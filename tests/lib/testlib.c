@@ -176,6 +176,12 @@ check_reply(amqp_rpc_reply_t r, const char *what)
 struct tl_amqp *
 tl_amqp_open(void)
 {
+	return tl_amqp_open_as("guest", "guest");
+}
+
+struct tl_amqp *
+tl_amqp_open_as(const char *user, const char *password)
+{
 	struct tl_amqp *a = calloc(1, sizeof(*a));
 	amqp_socket_t *sock;
 	int port = atoi(tl_env("OUTBOXD_AMQP_PORT"));
@@ -186,7 +192,7 @@ tl_amqp_open(void)
 	ck_assert_msg(amqp_socket_open(sock, "127.0.0.1", port) ==
 	    AMQP_STATUS_OK, "cannot connect to rabbitmq on %d", port);
 	check_reply(amqp_login(a->conn, "/", 0, 131072, 0,
-	    AMQP_SASL_METHOD_PLAIN, "guest", "guest"), "login");
+	    AMQP_SASL_METHOD_PLAIN, user, password), "login");
 	amqp_channel_open(a->conn, 1);
 	check_reply(amqp_get_rpc_reply(a->conn), "channel.open");
 	return a;

@@ -37,6 +37,8 @@ long long tl_wait_sql_int(PGconn *, long long want, int timeout_ms,
 /* --- RabbitMQ ------------------------------------------------------------ */
 struct tl_amqp;
 struct tl_amqp *tl_amqp_open(void);
+/* The same, logged in as another RabbitMQ user. */
+struct tl_amqp *tl_amqp_open_as(const char *user, const char *password);
 void tl_amqp_close(struct tl_amqp *);
 /* Declares a durable queue (purged), bound to exchange if not "". */
 void tl_queue(struct tl_amqp *, const char *queue, const char *exchange,
