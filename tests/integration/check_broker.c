@@ -1,5 +1,5 @@
 /*
- * Integration tests for daemon/broker.c against the private RabbitMQ of
+ * Integration tests for daemon/broker*.c against the private RabbitMQ of
  * tests/servers.sh: confirms, returns, rejections, limits, and losing
  * and regaining the broker.
  */

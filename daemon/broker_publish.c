@@ -1,0 +1,808 @@
+/*
+ * Broker, publishing: a batch of outbox messages goes out on channel 1
+ * with publisher confirms, and each message's outcome is read back.
+ * rabbitmq-c 0.11 has no confirm helper: the confirm frames are read
+ * here.
+ */
+#include "broker_internal.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+
+#define DRAIN_EVERY 64		/* publishes between reads of the acks */
+#define SHORTSTR_MAX 255	/* AMQP short strings: names, keys */
+#define DEFAULT_CONTENT_TYPE "application/octet-stream"
+
+/* One call of broker_publish_batch(). */
+struct batch {
+	struct broker *b;
+	const struct broker_msg *msgs;
+	size_t n;
+	struct broker_result *res;
+	int64_t deadline;		/* monotonic ms */
+	size_t probe;			/* suspects per round */
+	unsigned closes;		/* of channel 1, in this batch */
+};
+
+/* ---- the exchange cache ------------------------------------------------ */
+
+static struct xentry *
+xcache_find(struct broker *b, const char *name, const char *type)
+{
+	for (size_t i = 0; i < b->n_xs; i++) {
+		if (strcmp(b->xs[i].name, name) == 0 &&
+		    strcmp(b->xs[i].type, type) == 0)
+			return &b->xs[i];
+	}
+	return NULL;
+}
+
+static void
+xcache_put(struct broker *b, const char *name, const char *type, bool ok,
+    const char *reason)
+{
+	struct xentry *x = xcache_find(b, name, type);
+
+	/* A failure from an earlier batch is worth nothing: its slot is
+	 * reused, so that bogus names cannot grow the cache. */
+	for (size_t i = 0; x == NULL && i < b->n_xs; i++) {
+		if (!b->xs[i].ok && b->xs[i].batch != b->batch_seq) {
+			x = &b->xs[i];
+			free(x->name);
+			free(x->type);
+			x->name = xstrdup(name);
+			x->type = xstrdup(type);
+		}
+	}
+	if (x == NULL) {
+		if (b->n_xs == b->cap_xs) {
+			b->cap_xs = b->cap_xs ? b->cap_xs * 2 : 16;
+			b->xs = xrealloc(b->xs, b->cap_xs * sizeof(*b->xs));
+		}
+		x = &b->xs[b->n_xs++];
+		x->name = xstrdup(name);
+		x->type = xstrdup(type);
+	}
+	x->ok = ok;
+	x->batch = b->batch_seq;
+	strfmt(x->reason, sizeof(x->reason), "%s", ok ? "" : reason);
+}
+
+/* The exchange failed under our feet (deleted after it was checked):
+ * whatever we knew about it is stale. */
+void
+bk_xcache_forget(struct broker *b, const char *name)
+{
+	for (size_t i = 0; i < b->n_xs;) {
+		if (strcmp(b->xs[i].name, name) != 0) {
+			i++;
+			continue;
+		}
+		free(b->xs[i].name);
+		free(b->xs[i].type);
+		b->xs[i] = b->xs[--b->n_xs];
+	}
+}
+
+/*
+ * Whether an exchange can take messages: 0 yes, 1 no (the broker's words
+ * in reason), -1 connection lost.  With a type it is declared (created
+ * when missing, 406 when it exists with another type), without one it
+ * must exist.  Successes are cached until reconnect, failures for the
+ * batch.
+ */
+static int WARN_UNUSED
+exchange_usable(struct broker *b, const char *name, const char *type,
+    int64_t deadline, char *reason, size_t size)
+{
+	const struct xentry *x;
+	bool passive = (*type == '\0');
+	int rc;
+
+	if (*name == '\0')
+		return 0;	/* the default exchange always exists */
+	x = xcache_find(b, name, type);
+	if (x != NULL && x->ok)
+		return 0;
+	if (x != NULL && x->batch == b->batch_seq) {
+		strfmt(reason, size, "%s", x->reason);
+		return 1;
+	}
+	if (bk_ensure_channels(b, deadline) == -1)
+		return -1;
+	bk_rpc_deadline(b, deadline);
+	amqp_exchange_declare(b->conn, CH_CHECK, amqp_cstring_bytes(name),
+	    passive ? amqp_empty_bytes : amqp_cstring_bytes(type), passive,
+	    1, 0, 0, amqp_empty_table);
+	rc = bk_rpc_outcome(b, CH_CHECK, amqp_get_rpc_reply(b->conn),
+	    "exchange.declare", reason, size);
+	if (rc == -1)
+		return -1;
+	xcache_put(b, name, type, rc == 0, reason);
+	return rc;
+}
+
+/* ---- building a message ------------------------------------------------ */
+
+static const char *const own_headers[] = {
+	"business_module", "business_key", "attempt",
+};
+
+static bool
+own_header(const char *key)
+{
+	for (size_t i = 0; i < ARRAY_LEN(own_headers); i++)
+		if (strcmp(key, own_headers[i]) == 0)
+			return true;
+	return false;
+}
+
+static amqp_table_entry_t
+str_entry(const char *key, const char *value)
+{
+	amqp_table_entry_t e;
+
+	e.key = amqp_cstring_bytes(key);
+	e.value.kind = AMQP_FIELD_KIND_UTF8;
+	e.value.value.bytes = amqp_cstring_bytes(value);
+	return e;
+}
+
+/* Properties for m.  They point into m, id and b->entries, which are
+ * reused for every message: no allocation per message. */
+static void
+message_props(struct broker *b, const struct broker_msg *m,
+    amqp_basic_properties_t *p, char *id, size_t idsize)
+{
+	amqp_table_entry_t *e;
+	size_t n = 0;
+
+	if (b->cap_entries < m->n_headers + ARRAY_LEN(own_headers)) {
+		b->cap_entries = m->n_headers + ARRAY_LEN(own_headers) + 8;
+		b->entries = xrealloc(b->entries,
+		    b->cap_entries * sizeof(*b->entries));
+	}
+	e = b->entries;
+	if (m->business_module != NULL)
+		e[n++] = str_entry("business_module", m->business_module);
+	if (m->business_key != NULL)
+		e[n++] = str_entry("business_key", m->business_key);
+	e[n].key = amqp_cstring_bytes("attempt");
+	e[n].value.kind = AMQP_FIELD_KIND_I32;
+	e[n++].value.value.i32 = m->attempt;
+	for (size_t i = 0; i < m->n_headers; i++) {
+		const char *k = m->header_keys[i], *v = m->header_values[i];
+		/* Ours win: a consumer must be able to trust them. */
+		if (k != NULL && v != NULL && !own_header(k))
+			e[n++] = str_entry(k, v);
+	}
+	memset(p, 0, sizeof(*p));
+	p->_flags = AMQP_BASIC_CONTENT_TYPE_FLAG | AMQP_BASIC_HEADERS_FLAG |
+	    AMQP_BASIC_DELIVERY_MODE_FLAG | AMQP_BASIC_MESSAGE_ID_FLAG;
+	p->content_type = amqp_cstring_bytes(m->content_type ?
+	    m->content_type : DEFAULT_CONTENT_TYPE);
+	p->headers.num_entries = (int)n;
+	p->headers.entries = e;
+	p->delivery_mode = AMQP_DELIVERY_PERSISTENT;
+	strfmt(id, idsize, "%" PRId64, m->id);
+	p->message_id = amqp_cstring_bytes(id);
+	if (m->timestamp_s > 0) {
+		p->_flags |= AMQP_BASIC_TIMESTAMP_FLAG;
+		p->timestamp = (uint64_t)m->timestamp_s;
+	}
+}
+
+/* Encoded size of the content header, an upper bound. */
+static size_t
+props_size(const struct broker_msg *m)
+{
+	size_t size = 128;	/* frame, fixed fields, message_id, attempt */
+
+	if (m->content_type != NULL)
+		size += strlen(m->content_type);
+	if (m->business_module != NULL)
+		size += 32 + strlen(m->business_module);
+	if (m->business_key != NULL)
+		size += 32 + strlen(m->business_key);
+	for (size_t i = 0; i < m->n_headers; i++) {
+		if (m->header_keys[i] != NULL && m->header_values[i] != NULL)
+			size += 6 + strlen(m->header_keys[i]) +
+			    strlen(m->header_values[i]);
+	}
+	return size;
+}
+
+static bool
+too_long(const char *s)
+{
+	return s != NULL && strlen(s) > SHORTSTR_MAX;
+}
+
+/*
+ * Why m can never be published as it is; false when it can.  A content
+ * header must fit one frame, and rabbitmq-c fails a header that does not
+ * only after the method frame went out, which breaks the connection:
+ * such a row would take every batch down with it.
+ */
+static bool
+msg_invalid(const struct broker *b, const struct broker_msg *m,
+    char *reason, size_t size)
+{
+	size_t frame_max = (size_t)amqp_get_frame_max(b->conn);
+	bool long_name = too_long(m->exchange) || too_long(m->routing_key) ||
+	    too_long(m->content_type) || too_long(m->exchange_type);
+
+	for (size_t i = 0; i < m->n_headers; i++)
+		long_name = long_name || too_long(m->header_keys[i]);
+	if (b->conf.max_payload > 0 && m->body_len > b->conf.max_payload)
+		strfmt(reason, size, "payload of %zu bytes exceeds "
+		    "rabbitmq.max_payload (%zu)", m->body_len,
+		    b->conf.max_payload);
+	else if (long_name)
+		strfmt(reason, size, "exchange, exchange type, routing key, "
+		    "content type or header name longer than %d bytes",
+		    SHORTSTR_MAX);
+	else if (props_size(m) > frame_max)
+		strfmt(reason, size, "headers of about %zu bytes do not fit "
+		    "one frame (frame_max %zu)", props_size(m), frame_max);
+	else
+		return false;
+	return true;
+}
+
+/* ---- the batch --------------------------------------------------------- */
+
+static void
+finish(struct batch *bt, size_t i, enum broker_outcome outcome,
+    bool permanent, const char *reason)
+{
+	struct broker_result *r = &bt->res[i];
+
+	bt->b->slots[i].state = SLOT_DONE;
+	r->outcome = outcome;
+	r->permanent = permanent;
+	if (reason != r->reason)
+		strfmt(r->reason, sizeof(r->reason), "%s", reason);
+	if (outcome != BROKER_ACKED) {
+		char q[300];
+		log_debug("message not taken", "id=%" PRId64 " reason=%s",
+		    bt->msgs[i].id, log_quote(q, sizeof(q), reason));
+	}
+}
+
+static size_t
+batch_left(const struct batch *bt)
+{
+	size_t left = 0;
+
+	for (size_t i = 0; i < bt->n; i++)
+		left += bt->b->slots[i].state != SLOT_DONE;
+	return left;
+}
+
+static bool
+batch_has_suspect(const struct batch *bt)
+{
+	for (size_t i = 0; i < bt->n; i++) {
+		const struct slot *s = &bt->b->slots[i];
+		if (s->state == SLOT_PENDING && s->suspect)
+			return true;
+	}
+	return false;
+}
+
+/* Settles what can be settled without sending: limits, exchanges. */
+static int WARN_UNUSED
+batch_prepare(struct batch *bt)
+{
+	struct broker *b = bt->b;
+	char reason[256];
+
+	if (bk_ensure_channels(b, bt->deadline) == -1)
+		return -1;
+	for (size_t i = 0; i < bt->n; i++) {
+		const struct broker_msg *m = &bt->msgs[i];
+		int rc;
+
+		if (b->slots[i].state != SLOT_PENDING)
+			continue;
+		if (msg_invalid(b, m, reason, sizeof(reason))) {
+			finish(bt, i, BROKER_REJECTED, true, reason);
+			continue;
+		}
+		if (b->broker_max_size > 0 &&
+		    m->body_len > b->broker_max_size) {
+			/* Sending it would only close the channel again. */
+			strfmt(reason, sizeof(reason), "payload of %zu bytes "
+			    "exceeds the broker's max_message_size (%zu)",
+			    m->body_len, b->broker_max_size);
+			/* The row can never fit as it is: permanent. */
+			finish(bt, i, BROKER_REJECTED, true, reason);
+			continue;
+		}
+		rc = exchange_usable(b, m->exchange ? m->exchange : "",
+		    m->exchange_type ? m->exchange_type : "", bt->deadline,
+		    reason, sizeof(reason));
+		if (rc == -1)
+			return -1;
+		if (rc == 1)
+			finish(bt, i, BROKER_REJECTED, false, reason);
+	}
+	return 0;
+}
+
+static void
+window_reset(struct window *w, uint64_t base)
+{
+	w->base = base;
+	w->len = w->lo = w->outstanding = w->ret_cursor = 0;
+}
+
+static void
+window_push(struct window *w, size_t i)
+{
+	if (w->len == w->cap) {
+		w->cap = w->cap ? w->cap * 2 : 256;
+		w->idx = xrealloc(w->idx, w->cap * sizeof(*w->idx));
+	}
+	w->idx[w->len++] = i;
+	w->outstanding++;
+}
+
+static int WARN_UNUSED
+publish_one(struct batch *bt, size_t i)
+{
+	struct broker *b = bt->b;
+	const struct broker_msg *m = &bt->msgs[i];
+	amqp_basic_properties_t props;
+	amqp_bytes_t body = { m->body_len, (void *)m->body };
+	char id[24];
+	int st;
+
+	message_props(b, m, &props, id, sizeof(id));
+	st = amqp_basic_publish(b->conn, CH_PUB,
+	    amqp_cstring_bytes(m->exchange ? m->exchange : ""),
+	    amqp_cstring_bytes(m->routing_key ? m->routing_key : ""),
+	    1, 0, &props, body);
+	if (st != AMQP_STATUS_OK)
+		return bk_conn_lost(b, "publishing id %" PRId64 ": %s", m->id,
+		    amqp_error_string2(st));
+	b->next_tag++;
+	b->slots[i].state = SLOT_SENT;
+	b->slots[i].returned = false;
+	bt->res[i].outcome = BROKER_UNKNOWN;
+	bt->res[i].reason[0] = '\0';
+	window_push(&b->win, i);
+	return 0;
+}
+
+static void
+confirm_slot(struct batch *bt, size_t i, bool ack)
+{
+	struct slot *s = &bt->b->slots[i];
+
+	if (s->state != SLOT_SENT)
+		return;
+	bt->b->win.outstanding--;
+	if (s->returned)	/* the reason was set by the return */
+		finish(bt, i, BROKER_RETURNED, false, bt->res[i].reason);
+	else if (ack)
+		finish(bt, i, BROKER_ACKED, false, "");
+	else
+		finish(bt, i, BROKER_NACKED, false, "basic.nack: the broker "
+		    "could not take the message");
+}
+
+/* basic.ack / basic.nack; multiple covers every tag up to this one. */
+static void
+window_confirm(struct batch *bt, uint64_t tag, bool multiple, bool ack)
+{
+	struct window *w = &bt->b->win;
+	size_t last;
+
+	if (w->len == 0)
+		return;
+	if (multiple && tag == 0)	/* 0 with multiple: everything */
+		tag = w->base + w->len - 1;
+	if (tag < w->base || tag - w->base >= w->len) {
+		log_debug("confirm for an unknown tag", "tag=%" PRIu64, tag);
+		return;
+	}
+	last = (size_t)(tag - w->base);
+	for (size_t k = multiple ? w->lo : last; k <= last; k++)
+		confirm_slot(bt, w->idx[k], ack);
+	while (w->lo < w->len && bt->b->slots[w->idx[w->lo]].state ==
+	    SLOT_DONE)
+		w->lo++;
+}
+
+static bool
+parse_id(amqp_bytes_t s, int64_t *id)
+{
+	char buf[24], *end;
+
+	if (s.len == 0 || s.len >= sizeof(buf))
+		return false;
+	memcpy(buf, s.bytes, s.len);
+	buf[s.len] = '\0';
+	errno = 0;
+	*id = strtoll(buf, &end, 10);
+	return errno == 0 && *end == '\0';
+}
+
+/* The in-flight message with this outbox id, or (size_t)-1. */
+static size_t
+window_find_id(struct batch *bt, int64_t id)
+{
+	struct window *w = &bt->b->win;
+
+	for (size_t n = 0; n < w->len; n++) {
+		size_t k = (w->ret_cursor + n) % w->len, i = w->idx[k];
+		const struct slot *s = &bt->b->slots[i];
+
+		if (s->state == SLOT_SENT && !s->returned &&
+		    bt->msgs[i].id == id) {
+			w->ret_cursor = k + 1;
+			return i;
+		}
+	}
+	return (size_t)-1;
+}
+
+static void
+return_begin(struct broker *b, const amqp_basic_return_t *m)
+{
+	b->want_return_header = true;
+	strfmt(b->return_reason, sizeof(b->return_reason),
+	    "%.*s (%u): exchange '%.*s' routing key '%.*s'",
+	    (int)m->reply_text.len, (const char *)m->reply_text.bytes,
+	    m->reply_code, (int)m->exchange.len,
+	    (const char *)m->exchange.bytes, (int)m->routing_key.len,
+	    (const char *)m->routing_key.bytes);
+}
+
+/*
+ * The content header after a basic.return names the message by its
+ * message_id; the return comes before that message's ack, which must
+ * then not count as success.  The body frames that follow are ignored:
+ * nothing else carries content on the publishing channel.
+ */
+static void
+return_header(struct batch *bt, const amqp_frame_t *f)
+{
+	const amqp_basic_properties_t *p = f->payload.properties.decoded;
+	struct broker *b = bt->b;
+	int64_t id;
+	size_t i;
+
+	if (!b->want_return_header)
+		return;
+	b->want_return_header = false;
+	if (!(p->_flags & AMQP_BASIC_MESSAGE_ID_FLAG) ||
+	    !parse_id(p->message_id, &id) ||
+	    (i = window_find_id(bt, id)) == (size_t)-1) {
+		log_warn("basic.return for an unknown message", "reason=%s",
+		    log_quote((char[300]){ 0 }, 300, b->return_reason));
+		return;
+	}
+	b->slots[i].returned = true;
+	bt->res[i].outcome = BROKER_RETURNED;
+	strfmt(bt->res[i].reason, sizeof(bt->res[i].reason), "%s",
+	    b->return_reason);
+}
+
+static int WARN_UNUSED
+pub_channel_closed(struct batch *bt, const amqp_channel_close_t *m)
+{
+	struct broker *b = bt->b;
+	char q[300];
+
+	strfmt(b->close_reason, sizeof(b->close_reason), "%.*s",
+	    (int)m->reply_text.len, (const char *)m->reply_text.bytes);
+	/* Isolating a culprit takes a few closes: one warning is enough. */
+	log_event(bt->closes++ == 0 ? LOG_WARN : LOG_DEBUG,
+	    "publish channel closed by the broker", "node=%s code=%u "
+	    "reason=%s unconfirmed=%zu", b->node, m->reply_code,
+	    log_quote(q, sizeof(q), b->close_reason), b->win.outstanding);
+	b->want_return_header = false;
+	return bk_channel_close_ok(b, CH_PUB);
+}
+
+static int WARN_UNUSED
+pub_method(struct batch *bt, const amqp_method_t *m)
+{
+	const amqp_basic_ack_t *ack;
+	const amqp_basic_nack_t *nack;
+
+	switch (m->id) {
+	case AMQP_BASIC_ACK_METHOD:
+		ack = m->decoded;
+		window_confirm(bt, ack->delivery_tag, ack->multiple, true);
+		return 0;
+	case AMQP_BASIC_NACK_METHOD:
+		nack = m->decoded;
+		window_confirm(bt, nack->delivery_tag, nack->multiple, false);
+		return 0;
+	case AMQP_BASIC_RETURN_METHOD:
+		return_begin(bt->b, m->decoded);
+		return 0;
+	case AMQP_CHANNEL_CLOSE_METHOD:
+		return pub_channel_closed(bt, m->decoded);
+	default:
+		log_debug("unexpected method on the publish channel",
+		    "method=0x%08x", (unsigned)m->id);
+		return 0;
+	}
+}
+
+static int WARN_UNUSED
+handle_frame(struct batch *bt, const amqp_frame_t *f)
+{
+	struct broker *b = bt->b;
+	bool method = f->frame_type == AMQP_FRAME_METHOD;
+
+	if (method && f->channel == 0)
+		return bk_conn_method(b, &f->payload.method);
+	if (method && f->channel == CH_CHECK &&
+	    f->payload.method.id == AMQP_CHANNEL_CLOSE_METHOD)
+		return bk_channel_close_ok(b, CH_CHECK);
+	if (f->channel != CH_PUB)
+		return 0;
+	if (method)
+		return pub_method(bt, &f->payload.method);
+	if (f->frame_type == AMQP_FRAME_HEADER)
+		return_header(bt, f);
+	return 0;
+}
+
+/*
+ * Reads and handles one frame.  block: wait for it until the deadline
+ * (returns 0 on a quiet wait too, the caller loops); otherwise take only
+ * what is there and return 1 when nothing is.  -1: connection gone.
+ */
+static int WARN_UNUSED
+pump(struct batch *bt, bool block)
+{
+	struct broker *b = bt->b;
+	struct timeval tv = { 0, 0 };
+	int64_t left = bt->deadline - now_mono_ms();
+	amqp_frame_t f;
+	int st, rc;
+
+	if (left <= 0)
+		return bk_conn_lost(b, "%zu confirms missing after %" PRId64
+		    " ms", b->win.outstanding, bk_confirm_ms(b));
+	/* Frames already inside the library (read ahead, or stashed by an
+	 * RPC) never wake poll(): take them without waiting. */
+	if (block && !amqp_frames_enqueued(b->conn) &&
+	    !amqp_data_in_buffer(b->conn))
+		tv = bk_ms_to_tv(left);
+	st = amqp_simple_wait_frame_noblock(b->conn, &f, &tv);
+	if (st == AMQP_STATUS_TIMEOUT)
+		return block ? 0 : 1;
+	if (st != AMQP_STATUS_OK)
+		return bk_conn_lost(b, "reading confirms: %s",
+		    amqp_error_string2(st));
+	rc = handle_frame(bt, &f);
+	if (b->conn != NULL)
+		amqp_maybe_release_buffers_on_channel(b->conn, f.channel);
+	return rc;
+}
+
+/* Handles every frame already available, without blocking: acks pile up
+ * while we publish, and the broker may have closed the channel. */
+static int WARN_UNUSED
+pump_available(struct batch *bt)
+{
+	int rc;
+
+	while ((rc = pump(bt, false)) == 0 && bt->b->pub_open)
+		;
+	return rc == -1 ? -1 : 0;
+}
+
+static size_t
+size_after(const char *text, const char *key)
+{
+	const char *p = strstr(text, key);
+
+	return p != NULL ? (size_t)strtoull(p + strlen(key), NULL, 10) : 0;
+}
+
+static bool
+names_exchange(const char *text, const char *exchange)
+{
+	char needle[SHORTSTR_MAX + 16];
+
+	if (exchange == NULL || *exchange == '\0')
+		return false;
+	strfmt(needle, sizeof(needle), "exchange '%s'", exchange);
+	return strstr(text, needle) != NULL;
+}
+
+/*
+ * The broker closed channel 1: none of the unconfirmed messages on it
+ * will be confirmed.  Those its words point at (an exchange named, a
+ * message size over the limit, or the only one left) are rejected; the
+ * rest go back to pending.  If none could be pointed at, they become
+ * suspects; returns how many.  Messages the broker took just before the
+ * close are sent again: at-least-once, a copy at most per close.
+ */
+static size_t
+window_after_close(struct batch *bt)
+{
+	struct broker *b = bt->b;
+	struct window *w = &b->win;
+	const char *text = b->close_reason;
+	size_t max_size = size_after(text, "larger than configured max size ");
+	bool alone = (w->outstanding == 1), blamed = false;
+	size_t suspects = 0;
+
+	if (max_size > 0)
+		b->broker_max_size = max_size;
+	for (size_t k = 0; k < w->len; k++) {
+		const struct broker_msg *m = &bt->msgs[w->idx[k]];
+
+		if (b->slots[w->idx[k]].state != SLOT_SENT)
+			continue;
+		if (alone || (max_size > 0 && m->body_len > max_size) ||
+		    names_exchange(text, m->exchange)) {
+			if (names_exchange(text, m->exchange))
+				bk_xcache_forget(b, m->exchange);
+			/* Too big for the broker is permanent; a missing or
+			 * mistyped exchange may be fixed by an operator. */
+			finish(bt, w->idx[k], BROKER_REJECTED, max_size > 0 &&
+			    m->body_len > max_size, text);
+			blamed = true;
+		}
+	}
+	for (size_t k = 0; k < w->len; k++) {
+		struct slot *s = &b->slots[w->idx[k]];
+
+		if (s->state != SLOT_SENT)
+			continue;
+		s->state = SLOT_PENDING;
+		s->suspect = s->suspect || !blamed;
+		suspects += !blamed;
+	}
+	window_reset(w, b->next_tag);
+	return suspects;
+}
+
+/*
+ * One confirm window: publishes the pending messages (while isolating,
+ * only the first bt->probe suspects), reading acks as it goes, then
+ * waits for every confirm or for the channel close that ends the window.
+ */
+static int WARN_UNUSED
+batch_round(struct batch *bt)
+{
+	struct broker *b = bt->b;
+	bool isolating = batch_has_suspect(bt), closed;
+	size_t sent = 0, suspects;
+
+	window_reset(&b->win, b->next_tag);
+	b->want_return_header = false;
+	for (size_t i = 0; i < bt->n && b->pub_open; i++) {
+		const struct slot *s = &b->slots[i];
+
+		if (s->state != SLOT_PENDING || (isolating && !s->suspect))
+			continue;
+		if (isolating && sent == bt->probe)
+			break;
+		if (publish_one(bt, i) == -1)
+			return -1;
+		if (++sent % DRAIN_EVERY == 0 && pump_available(bt) == -1)
+			return -1;
+	}
+	while (b->pub_open && b->win.outstanding > 0) {
+		if (pump(bt, true) == -1)
+			return -1;
+	}
+	closed = !b->pub_open;
+	suspects = closed ? window_after_close(bt) : 0;
+	/*
+	 * Isolating is a binary search, not a crawl (a round trip per
+	 * suspect is too slow for thousands): an unexplained close puts the
+	 * culprit among its suspects, so probe with the first half; a half
+	 * that goes through puts it in the other half.  Once a culprit is
+	 * found the rest are probably innocent: all of them together.
+	 */
+	if (suspects > 0)
+		bt->probe = (suspects + 1) / 2;
+	else if (closed || bt->probe <= 1)
+		bt->probe = SIZE_MAX;
+	else if (isolating)
+		bt->probe = (bt->probe + 1) / 2;
+	log_debug("confirm window done", "sent=%zu closed=%d suspects=%zu",
+	    sent, closed, suspects);
+	return 0;
+}
+
+static void
+batch_start(struct batch *bt, struct broker *b,
+    const struct broker_msg *msgs, size_t n, struct broker_result *res)
+{
+	bt->b = b;
+	bt->msgs = msgs;
+	bt->n = n;
+	bt->res = res;
+	bt->deadline = now_mono_ms() + bk_confirm_ms(b);
+	bt->probe = SIZE_MAX;
+	bt->closes = 0;
+	if (b->cap_slots < n) {
+		b->cap_slots = n + n / 2 + 16;
+		b->slots = xrealloc(b->slots, b->cap_slots * sizeof(*b->slots));
+	}
+	memset(b->slots, 0, n * sizeof(*b->slots));
+	for (size_t i = 0; i < n; i++) {
+		res[i].outcome = BROKER_UNKNOWN;
+		res[i].permanent = false;
+		res[i].reason[0] = '\0';
+	}
+	b->batch_seq++;
+}
+
+/* Whatever is not settled when the connection goes is unknown. */
+static void
+batch_abandon(struct batch *bt)
+{
+	size_t left = 0;
+	char q[600];
+
+	for (size_t i = 0; i < bt->n; i++) {
+		if (bt->b->slots[i].state == SLOT_DONE)
+			continue;
+		finish(bt, i, BROKER_UNKNOWN, false, bt->b->err);
+		left++;
+	}
+	bk_drop(bt->b);
+	log_error("broker connection lost", "unsettled=%zu error=%s", left,
+	    log_quote(q, sizeof(q), bt->b->err));
+}
+
+int
+broker_publish_batch(struct broker *b, const struct broker_msg *msgs,
+    size_t n, struct broker_result *results)
+{
+	struct batch bt;
+	/* A round settles a message, or halves the group of suspects that
+	 * holds an unexplained culprit: about two rounds per bad message.
+	 * The bound only stops a broker that closes the channel for
+	 * reasons of its own. */
+	size_t max_rounds = 3 * n + 8;
+
+	batch_start(&bt, b, msgs, n, results);
+	if (b->conn == NULL || b->consuming) {
+		/* The caller's slip, not an event: nothing to log. */
+		bk_set_err(b, "%s", b->conn == NULL ? "not connected" :
+		    "a consuming connection cannot publish");
+		return -1;
+	}
+	for (size_t round = 0; batch_left(&bt) > 0; round++) {
+		if (round == max_rounds) {
+			for (size_t i = 0; i < n; i++) {
+				if (b->slots[i].state != SLOT_DONE)
+					finish(&bt, i, BROKER_REJECTED, false,
+					    b->close_reason);
+			}
+			break;
+		}
+		if (batch_prepare(&bt) == -1 || batch_round(&bt) == -1)
+			goto fail;
+	}
+	/* A batch leaves the publishing channel ready for the next, even
+	 * when its last confirm came just before its deadline. */
+	if (bk_ensure_channels(b, now_mono_ms() + bk_connect_ms(b)) == -1)
+		goto fail;
+	amqp_maybe_release_buffers(b->conn);
+	return 0;
+fail:
+	batch_abandon(&bt);
+	return -1;
+}
