@@ -193,7 +193,8 @@ endef
 
 FUZZ_HTTP := daemon/http.c daemon/metrics.c daemon/log.c daemon/util.c
 # config.c opens password files: -Dopen keeps the fuzzer in its sandbox.
-$(eval $(call FUZZ_RULE,config,daemon/config.c daemon/backoff.c \
+$(eval $(call FUZZ_RULE,config,daemon/config.c daemon/config_value.c \
+	daemon/backoff.c \
 	$(FUZZ_HTTP),-Dopen=fuzz_open,-lyaml -lpq -lmicrohttpd -lm -lpthread))
 $(eval $(call FUZZ_RULE,duration,daemon/util.c,,))
 $(eval $(call FUZZ_RULE,listen,$(FUZZ_HTTP),,-lmicrohttpd -lm -lpthread))

@@ -21,14 +21,13 @@
 #include <yaml.h>
 
 #include "backoff.h"
+#include "config_value.h"
 #include "log.h"
 
 /* A config file is a few kilobytes; anything this big is a mistake. */
 #define CONFIG_MAX_BYTES	(1024 * 1024)
 /* A password file's first line; longer is surely the wrong file. */
 #define SECRET_MAX_BYTES	1024
-/* Echoed values are cut so one bad line cannot flood the terminal. */
-#define ECHO_MAX		60
 
 enum key_type {
 	T_STRING,
@@ -352,64 +351,6 @@ problem_emit(const char *name, unsigned long line, unsigned long col,
 	    log_quote(qmsg, sizeof(qmsg), msg));
 }
 
-/*
- * Writes s quoted for an error message, escaping what a terminal would
- * act on and cutting it at ECHO_MAX bytes.  Never used for secrets.
- */
-static const char *
-echo(char *buf, size_t size, const char *s)
-{
-	size_t n = 0, i;
-
-	buf[n++] = '"';
-	for (i = 0; s[i] != '\0' && n + 8 < size; i++) {
-		unsigned char ch = (unsigned char)s[i];
-
-		if (i == ECHO_MAX) {
-			memcpy(buf + n, "...", 3);
-			n += 3;
-			break;
-		}
-		if (ch == '"' || ch == '\\') {
-			buf[n++] = '\\';
-			buf[n++] = (char)ch;
-		} else if (ch < ' ' || ch == 0x7f) {
-			n += (size_t)snprintf(buf + n, size - n, "\\x%02x", ch);
-		} else {
-			buf[n++] = (char)ch;
-		}
-	}
-	buf[n++] = '"';
-	buf[n] = '\0';
-	return buf;
-}
-
-static const char *
-fmt_duration(char *buf, size_t size, int64_t ms)
-{
-	if (ms == 0)
-		return strfmt(buf, size, "0");
-	return duration_format(buf, size, ms);
-}
-
-static const char *
-fmt_size(char *buf, size_t size, int64_t b)
-{
-	static const struct {
-		const char *unit;
-		int64_t bytes;
-	} units[] = {
-		{ "GiB", 1073741824 }, { "MiB", 1048576 }, { "KiB", 1024 },
-	};
-
-	for (size_t i = 0; i < ARRAY_LEN(units); i++) {
-		if (b != 0 && b % units[i].bytes == 0)
-			return strfmt(buf, size, "%" PRId64 "%s",
-			    b / units[i].bytes, units[i].unit);
-	}
-	return strfmt(buf, size, "%" PRId64, b);
-}
-
 /* YAML's null: an empty plain scalar, "~" or "null".  Quoted "" is a
  * real empty string. */
 static bool
@@ -486,211 +427,6 @@ type_wants(const struct key *k, char *buf, size_t size)
 	}
 }
 
-/* Strict integer: optional sign, digits, nothing else.  -2 = too big. */
-static int
-parse_int(const char *s, int64_t *out)
-{
-	const char *p = s;
-	char *end;
-	long long v;
-
-	if (*p == '+' || *p == '-')
-		p++;
-	if (*p < '0' || *p > '9')
-		return -1;
-	for (; *p != '\0'; p++)
-		if (*p < '0' || *p > '9')
-			return -1;
-	errno = 0;
-	v = strtoll(s, &end, 10);
-	if (errno == ERANGE)
-		return -2;
-	*out = v;
-	return 0;
-}
-
-/*
- * A duration needs a unit, except 0: a bare "30" would be read as 30 ms
- * by someone who meant 30 s.  Returns 0, -1 for garbage, -2 for a bare
- * number, -3 for a well-formed value that overflows.
- */
-static int
-parse_duration(const char *s, int64_t *ms)
-{
-	const char *p = s;
-	bool zero = true;
-
-	for (; *p >= '0' && *p <= '9'; p++)
-		if (*p != '0')
-			zero = false;
-	if (p == s)
-		return -1;
-	if (*p == '\0') {
-		if (!zero)
-			return -2;
-		*ms = 0;
-		return 0;
-	}
-	if (duration_parse(s, ms) == 0)
-		return 0;
-	if (strcmp(p, "ms") == 0 || strcmp(p, "s") == 0 ||
-	    strcmp(p, "m") == 0 || strcmp(p, "h") == 0 || strcmp(p, "d") == 0)
-		return -3;
-	return -1;
-}
-
-/* Bytes, with binary (KiB) or decimal (kB) units.  -2 = overflow. */
-static int
-parse_size(const char *s, int64_t *out)
-{
-	static const struct {
-		const char *unit;
-		int64_t mult;
-	} units[] = {
-		{ "", 1 }, { "B", 1 },
-		{ "KiB", 1024 }, { "MiB", 1048576 }, { "GiB", 1073741824 },
-		{ "kB", 1000 }, { "KB", 1000 }, { "MB", 1000000 },
-		{ "GB", 1000000000 },
-	};
-	int64_t v = 0;
-	const char *p = s;
-
-	if (*p < '0' || *p > '9')
-		return -1;
-	for (; *p >= '0' && *p <= '9'; p++) {
-		if (v > (INT64_MAX - (*p - '0')) / 10)
-			return -2;
-		v = v * 10 + (*p - '0');
-	}
-	for (size_t i = 0; i < ARRAY_LEN(units); i++) {
-		if (strcmp(p, units[i].unit) != 0)
-			continue;
-		if (v > INT64_MAX / units[i].mult)
-			return -2;
-		*out = v * units[i].mult;
-		return 0;
-	}
-	return -1;
-}
-
-/* Plain decimal numbers only: strtod would also take "nan", "inf" and
- * hex floats, none of which belong in a config file. */
-static int
-parse_float(const char *s, double *out)
-{
-	bool digit = false;
-	char *end;
-	double v;
-
-	for (const char *p = s; *p != '\0'; p++) {
-		if (*p >= '0' && *p <= '9')
-			digit = true;
-		else if (strchr("+-.eE", *p) == NULL)
-			return -1;
-	}
-	if (!digit)
-		return -1;
-	errno = 0;
-	v = strtod(s, &end);
-	if (*end != '\0' || errno == ERANGE || !isfinite(v))
-		return -1;
-	*out = v;
-	return 0;
-}
-
-static bool
-host_char(char ch, bool bracketed)
-{
-	if (isalnum((unsigned char)ch) || ch == '.' || ch == '-' || ch == '_')
-		return true;
-	return bracketed && (ch == ':' || ch == '%');
-}
-
-/*
- * Splits "host:port", "[v6]:port" or, when default_port is not 0, a bare
- * host.  On error returns -1 with the reason in why (which may echo s:
- * an address is not a secret, and one with '@' is refused unechoed).
- */
-static int
-hostport_parse(const char *s, int default_port, int example_port,
-    char **host, int *port, char *why, size_t whysz)
-{
-	char q[ECHO_MAX * 4 + 8];
-	const char *h = s, *hend, *rest;
-	bool bracketed = false;
-	int64_t p;
-
-	if (strchr(s, '@') != NULL) {
-		strfmt(why, whysz, "must be \"host:port\", without a user "
-		    "name or password");
-		return -1;
-	}
-	echo(q, sizeof(q), s);
-	if (*s == '\0') {
-		strfmt(why, whysz, "expected \"host:port\", got \"\"");
-		return -1;
-	}
-	if (strstr(s, "://") != NULL) {
-		strfmt(why, whysz, "expected \"host:port\", not a URL, got %s",
-		    q);
-		return -1;
-	}
-	if (*s == '[') {
-		bracketed = true;
-		h = s + 1;
-		hend = strchr(h, ']');
-		if (hend == NULL) {
-			strfmt(why, whysz, "missing \"]\" after the IPv6 "
-			    "address, got %s", q);
-			return -1;
-		}
-		rest = hend + 1;
-		if (memchr(h, ':', (size_t)(hend - h)) == NULL) {
-			strfmt(why, whysz, "expected an IPv6 address inside "
-			    "\"[]\", got %s", q);
-			return -1;
-		}
-	} else {
-		hend = strchr(s, ':');
-		if (hend != NULL && strchr(hend + 1, ':') != NULL) {
-			strfmt(why, whysz, "IPv6 addresses need brackets, "
-			    "as in \"[::1]:%d\", got %s", example_port, q);
-			return -1;
-		}
-		if (hend == NULL)
-			hend = s + strlen(s);
-		rest = hend;
-	}
-	for (const char *c = h; c < hend; c++) {
-		if (!host_char(*c, bracketed)) {
-			hend = h;	/* report below as a bad host */
-			break;
-		}
-	}
-	if (hend == h) {
-		strfmt(why, whysz, "invalid host name, got %s", q);
-		return -1;
-	}
-	if (*rest == '\0') {
-		if (default_port == 0) {
-			strfmt(why, whysz, "needs a port, as in "
-			    "\"127.0.0.1:%d\", got %s", example_port, q);
-			return -1;
-		}
-		p = default_port;
-	} else if (*rest != ':' || rest[1] == '+' || rest[1] == '-' ||
-	    parse_int(rest + 1, &p) != 0 || p < 1 || p > 65535) {
-		strfmt(why, whysz, "port must be a number from 1 to 65535, "
-		    "got %s", q);
-		return -1;
-	}
-	*host = xmalloc((size_t)(hend - h) + 1);
-	memcpy(*host, h, (size_t)(hend - h));
-	(*host)[hend - h] = '\0';
-	*port = (int)p;
-	return 0;
-}
-
 static void
 nodes_clear(struct broker_conf *b)
 {
@@ -737,7 +473,7 @@ value_set(struct config *c, const struct key *k, const char *s, char *why,
 	double d;
 	int rc;
 
-	echo(q, sizeof(q), s);
+	config_echo(q, sizeof(q), s);
 	switch (k->type) {
 	case T_STRING:
 	case T_SECRET:
@@ -758,7 +494,7 @@ value_set(struct config *c, const struct key *k, const char *s, char *why,
 		string_set(f, s, false);
 		return 0;
 	case T_INT:
-		rc = parse_int(s, &v);
+		rc = config_parse_int(s, &v);
 		if (rc == -1) {
 			strfmt(why, whysz, "expected an integer, got %s", q);
 			return -1;
@@ -783,7 +519,7 @@ value_set(struct config *c, const struct key *k, const char *s, char *why,
 		}
 		return 0;
 	case T_DURATION:
-		rc = parse_duration(s, &v);
+		rc = config_parse_duration(s, &v);
 		if (rc == -1) {
 			strfmt(why, whysz, "expected %s, got %s",
 			    type_wants(k, wants, sizeof(wants)), q);
@@ -795,8 +531,8 @@ value_set(struct config *c, const struct key *k, const char *s, char *why,
 		}
 		if (rc == -3 || v < k->min || v > k->max) {
 			strfmt(why, whysz, "must be between %s and %s, got %s",
-			    fmt_duration(lo, sizeof(lo), k->min),
-			    fmt_duration(hi, sizeof(hi), k->max), s);
+			    config_fmt_duration(lo, sizeof(lo), k->min),
+			    config_fmt_duration(hi, sizeof(hi), k->max), s);
 			return -1;
 		}
 		if (k->flags & F_SECONDS) {
@@ -811,7 +547,7 @@ value_set(struct config *c, const struct key *k, const char *s, char *why,
 		}
 		return 0;
 	case T_SIZE:
-		rc = parse_size(s, &v);
+		rc = config_parse_size(s, &v);
 		if (rc == -1) {
 			strfmt(why, whysz, "expected %s, got %s",
 			    type_wants(k, wants, sizeof(wants)), q);
@@ -819,14 +555,14 @@ value_set(struct config *c, const struct key *k, const char *s, char *why,
 		}
 		if (rc == -2 || v < k->min || v > k->max) {
 			strfmt(why, whysz, "must be between %s and %s, got %s",
-			    fmt_size(lo, sizeof(lo), k->min),
-			    fmt_size(hi, sizeof(hi), k->max), s);
+			    config_fmt_size(lo, sizeof(lo), k->min),
+			    config_fmt_size(hi, sizeof(hi), k->max), s);
 			return -1;
 		}
 		*(size_t *)f = (size_t)v;
 		return 0;
 	case T_FLOAT:
-		if (parse_float(s, &d) != 0) {
+		if (config_parse_float(s, &d) != 0) {
 			strfmt(why, whysz, "expected a number, got %s", q);
 			return -1;
 		}
@@ -855,7 +591,7 @@ value_set(struct config *c, const struct key *k, const char *s, char *why,
 		char *host;
 		int port;
 
-		if (hostport_parse(s, k->port, k->port, &host, &port, why,
+		if (config_parse_hostport(s, k->port, k->port, &host, &port, why,
 		    whysz) != 0)
 			return -1;
 		nodes_clear(b);
@@ -877,7 +613,7 @@ value_set(struct config *c, const struct key *k, const char *s, char *why,
 				return -1;
 			}
 			host = xstrdup(s);
-		} else if (hostport_parse(s, k->port, k->port, &host, &port,
+		} else if (config_parse_hostport(s, k->port, k->port, &host, &port,
 		    why, whysz) != 0) {
 			return -1;
 		}
@@ -892,7 +628,7 @@ value_set(struct config *c, const struct key *k, const char *s, char *why,
 		int port;
 
 		if (*s != '\0') {
-			if (hostport_parse(s, 0, 9187, &host, &port, why,
+			if (config_parse_hostport(s, 0, 9187, &host, &port, why,
 			    whysz) != 0)
 				return -1;
 			free(host);
@@ -1073,7 +809,7 @@ nodes_from_list(struct loader *L, const struct key *k, yaml_node_t *list,
 			    "NUL byte", k->name);
 			continue;
 		}
-		if (hostport_parse(s, k->port, k->port, &tmp[got].host,
+		if (config_parse_hostport(s, k->port, k->port, &tmp[got].host,
 		    &tmp[got].port, why, sizeof(why)) != 0) {
 			problem(L, &item->start_mark, "%s: %s", k->name, why);
 			continue;
@@ -1168,7 +904,7 @@ walk(struct loader *L, yaml_node_t *map, const char *prefix)
 				    *prefix ? "." : "", name);
 				problem(L, &kn->start_mark, "duplicate key %s "
 				    "(first at line %lu)",
-				    echo(q, sizeof(q), path),
+				    config_echo(q, sizeof(q), path),
 				    (unsigned long)other->start_mark.line + 1);
 			}
 		}
@@ -1178,7 +914,7 @@ walk(struct loader *L, yaml_node_t *map, const char *prefix)
 		    *prefix ? "." : "", name) >= sizeof(path) ||
 		    strlen(name) != kn->data.scalar.length) {
 			problem(L, &kn->start_mark, "unknown key %s",
-			    echo(q, sizeof(q), name));
+			    config_echo(q, sizeof(q), name));
 			continue;
 		}
 		ki = key_find(path);
@@ -1192,10 +928,10 @@ walk(struct loader *L, yaml_node_t *map, const char *prefix)
 				    "mapping, got %s", path, node_kind(vn));
 		} else if (suggest(prefix, name, hint, sizeof(hint))) {
 			problem(L, &kn->start_mark, "unknown key %s (did you "
-			    "mean \"%s\"?)", echo(q, sizeof(q), path), hint);
+			    "mean \"%s\"?)", config_echo(q, sizeof(q), path), hint);
 		} else {
 			problem(L, &kn->start_mark, "unknown key %s",
-			    echo(q, sizeof(q), path));
+			    config_echo(q, sizeof(q), path));
 		}
 	}
 }
@@ -1386,9 +1122,9 @@ cross_check(struct loader *L)
 		char init[32], max[32];
 
 		problem(L, section_mark(L, "reconnect"), "reconnect: init (%s) "
-		    "must not be more than max (%s)", fmt_duration(init,
+		    "must not be more than max (%s)", config_fmt_duration(init,
 		    sizeof(init), L->c->relay.reconnect.init_ms),
-		    fmt_duration(max, sizeof(max),
+		    config_fmt_duration(max, sizeof(max),
 		    L->c->relay.reconnect.max_ms));
 	}
 }
@@ -1686,8 +1422,9 @@ uri_key_is_password(const char *k, size_t n)
  * tests/fuzz/fuzz_config checks it against libpq's own parser, which
  * found these: libpq ends the user info only at "/" (a password may hold
  * "?" or "#"), decodes %-escapes in parameter names and ends a value at
- * any white space, "\r" too.  The rest is escaped as string_dump does
- * (a newline in the conninfo once split the dump's line).
+ * any white space, "\r" too, and takes parameters only after the first
+ * "?".  The rest is escaped as string_dump does (a newline in the
+ * conninfo once split the dump's line).
  */
 static void
 conninfo_dump(FILE *out, const char *s)
@@ -1700,6 +1437,7 @@ conninfo_dump(FILE *out, const char *s)
 		const char *auth = strstr(s, "://") + 3;
 		const char *end = auth + strcspn(auth, "/");
 		const char *at = NULL, *colon;
+		bool query = false;
 
 		for (const char *c = auth; c < end; c++)
 			if (*c == '@')
@@ -1713,8 +1451,16 @@ conninfo_dump(FILE *out, const char *s)
 		while (*p != '\0') {
 			const char *k = p + 1;
 			size_t klen = strcspn(k, "=&");
+			/* Parameters start at the first "?"; before it an "&"
+			 * separates nothing (skipping a "value" there once
+			 * moved a "/" and so changed where the user info
+			 * ends). */
+			bool param = (*p == '?' && !query) ||
+			    (*p == '&' && query);
 
-			if ((*p == '?' || *p == '&') && k[klen] == '=' &&
+			if (*p == '?')
+				query = true;
+			if (param && k[klen] == '=' &&
 			    uri_key_is_password(k, klen)) {
 				escaped_write(out, p, klen + 2);
 				fputs("<set>", out);
@@ -1837,13 +1583,13 @@ config_dump(const struct config *c, FILE *out)
 			fputs(*(const bool *)f ? "true" : "false", out);
 			break;
 		case T_DURATION:
-			fputs(fmt_duration(buf, sizeof(buf),
+			fputs(config_fmt_duration(buf, sizeof(buf),
 			    k->flags & F_SECONDS ?
 			    (int64_t)*(const int *)f * 1000 :
 			    *(const int64_t *)f), out);
 			break;
 		case T_SIZE:
-			fputs(fmt_size(buf, sizeof(buf),
+			fputs(config_fmt_size(buf, sizeof(buf),
 			    (int64_t)*(const size_t *)f), out);
 			break;
 		case T_FLOAT:

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "config_value.h"
 
 /* A password no output may ever contain. */
 #define SECRET "s3cr3t-Hunter2-do-not-print"
@@ -947,6 +948,10 @@ static const struct conninfo_case {
 	{ "postgresql://u@db1,db2/x?target_session_attrs=read-write",
 	    "postgresql://u@db1,db2/x?target_session_attrs=read-write" },
 	{ "host=db passfile=/x", "host=db passfile=/x" },
+	/* No "?": "&password=" is no parameter, and the "/" before the "@"
+	 * means no user info either (found by fuzz_config). */
+	{ "postgresql://a&password=q/&u:pw@c",
+	    "postgresql://a&password=q/&u:pw@c" },
 };
 
 START_TEST(test_dump_redacts_conninfo)
@@ -1293,6 +1298,106 @@ START_TEST(test_reload_keeps_old_on_error)
 }
 END_TEST
 
+/* The scalar parsers on their own: the codes say what is wrong. */
+START_TEST(test_value_parsers)
+{
+	static const struct {
+		const char *s;
+		int rc;
+		int64_t ms;
+	} durations[] = {
+		{ "0", 0, 0 }, { "000", 0, 0 }, { "250ms", 0, 250 },
+		{ "30s", 0, 30000 }, { "5m", 0, 300000 }, { "1h", 0, 3600000 },
+		{ "30", -2, 0 }, { "", -1, 0 }, { "s", -1, 0 }, { "5x", -1, 0 },
+		{ "-5s", -1, 0 }, { "99999999999999999999d", -3, 0 },
+	};
+	static const struct {
+		const char *s;
+		int rc;
+		int64_t bytes;
+	} sizes[] = {
+		{ "0", 0, 0 }, { "512", 0, 512 }, { "512B", 0, 512 },
+		{ "4KiB", 0, 4096 }, { "4MiB", 0, 4194304 },
+		{ "1GiB", 0, 1073741824 }, { "4kB", 0, 4000 },
+		{ "4MB", 0, 4000000 }, { "4 MiB", -1, 0 }, { "4mib", -1, 0 },
+		{ "-4", -1, 0 }, { "", -1, 0 },
+		{ "9223372036854775808", -2, 0 }, { "9007199254740993GiB", -2, 0 },
+	};
+	char buf[64], *host = NULL, why[256];
+	int64_t v;
+	double d;
+	int port;
+
+	for (size_t i = 0; i < sizeof(durations) / sizeof(durations[0]); i++) {
+		v = -1;
+		ck_assert_msg(config_parse_duration(durations[i].s, &v) ==
+		    durations[i].rc, "duration \"%s\"", durations[i].s);
+		if (durations[i].rc == 0)
+			ck_assert_int_eq(v, durations[i].ms);
+	}
+	for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+		v = -1;
+		ck_assert_msg(config_parse_size(sizes[i].s, &v) == sizes[i].rc,
+		    "size \"%s\"", sizes[i].s);
+		if (sizes[i].rc == 0)
+			ck_assert_int_eq(v, sizes[i].bytes);
+	}
+	ck_assert_int_eq(config_parse_int("+42", &v), 0);
+	ck_assert_int_eq(v, 42);
+	ck_assert_int_eq(config_parse_int("-7", &v), 0);
+	ck_assert_int_eq(v, -7);
+	ck_assert_int_eq(config_parse_int("4 2", &v), -1);
+	ck_assert_int_eq(config_parse_int("0x10", &v), -1);
+	ck_assert_int_eq(config_parse_int("99999999999999999999", &v), -2);
+	ck_assert_int_eq(config_parse_float("2.5", &d), 0);
+	ck_assert_double_eq(d, 2.5);
+	ck_assert_int_eq(config_parse_float("1e3", &d), 0);
+	ck_assert_double_eq(d, 1000);
+	ck_assert_int_eq(config_parse_float("nan", &d), -1);
+	ck_assert_int_eq(config_parse_float("inf", &d), -1);
+	ck_assert_int_eq(config_parse_float("0x1p3", &d), -1);
+	ck_assert_int_eq(config_parse_float("1e999", &d), -1);
+	ck_assert_int_eq(config_parse_float(".", &d), -1);
+
+	ck_assert_str_eq(config_fmt_duration(buf, sizeof(buf), 0), "0");
+	ck_assert_str_eq(config_fmt_duration(buf, sizeof(buf), 30000), "30s");
+	ck_assert_str_eq(config_fmt_size(buf, sizeof(buf), 4194304), "4MiB");
+	ck_assert_str_eq(config_fmt_size(buf, sizeof(buf), 1000), "1000");
+	ck_assert_str_eq(config_fmt_size(buf, sizeof(buf), 0), "0");
+
+	ck_assert_int_eq(config_parse_hostport("db:5433", 0, 5432, &host,
+	    &port, why, sizeof(why)), 0);
+	ck_assert_str_eq(host, "db");
+	ck_assert_int_eq(port, 5433);
+	free(host);
+	ck_assert_int_eq(config_parse_hostport("[::1]:6380", 0, 6379, &host,
+	    &port, why, sizeof(why)), 0);
+	ck_assert_str_eq(host, "::1");
+	ck_assert_int_eq(port, 6380);
+	free(host);
+	ck_assert_int_eq(config_parse_hostport("mq", 5672, 5672, &host,
+	    &port, why, sizeof(why)), 0);
+	ck_assert_str_eq(host, "mq");
+	ck_assert_int_eq(port, 5672);
+	free(host);
+	ck_assert_int_eq(config_parse_hostport("mq", 0, 5672, &host, &port,
+	    why, sizeof(why)), -1);
+	ck_assert_ptr_nonnull(strstr(why, "needs a port"));
+	ck_assert_int_eq(config_parse_hostport("::1:80", 0, 80, &host, &port,
+	    why, sizeof(why)), -1);
+	ck_assert_ptr_nonnull(strstr(why, "need brackets"));
+	ck_assert_int_eq(config_parse_hostport("u:pw@db:5432", 0, 5432, &host,
+	    &port, why, sizeof(why)), -1);
+	ck_assert_ptr_null(strstr(why, "pw"));
+	ck_assert_int_eq(config_parse_hostport("db:70000", 0, 5432, &host,
+	    &port, why, sizeof(why)), -1);
+	ck_assert_ptr_nonnull(strstr(why, "1 to 65535"));
+	ck_assert_int_eq(config_parse_hostport("amqp://mq:5672", 0, 5672,
+	    &host, &port, why, sizeof(why)), -1);
+	ck_assert_ptr_nonnull(strstr(why, "not a URL"));
+}
+END_TEST
+
 int
 main(void)
 {
@@ -1307,6 +1412,7 @@ main(void)
 	tcase_add_test(tc, test_load_replaces);
 	tcase_add_loop_test(tc, test_values, 0,
 	    (int)(sizeof(value_cases) / sizeof(value_cases[0])));
+	tcase_add_test(tc, test_value_parsers);
 	tcase_add_test(tc, test_backoff_names_agree);
 	tcase_add_test(tc, test_nodes_limit);
 	tcase_add_test(tc, test_value_echo_is_escaped_and_cut);
