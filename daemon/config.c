@@ -1422,9 +1422,10 @@ uri_key_is_password(const char *k, size_t n)
  * tests/fuzz/fuzz_config checks it against libpq's own parser, which
  * found these: libpq ends the user info only at "/" (a password may hold
  * "?" or "#"), decodes %-escapes in parameter names and ends a value at
- * any white space, "\r" too, and takes parameters only after the first
- * "?".  The rest is escaped as string_dump does (a newline in the
- * conninfo once split the dump's line).
+ * any white space, "\r" too, takes parameters only after the first "?"
+ * that follows the user info, and looks for that user info past a "?"
+ * up to the first "/".  The rest is escaped as string_dump does (a
+ * newline in the conninfo once split the dump's line).
  */
 static void
 conninfo_dump(FILE *out, const char *s)
@@ -1436,30 +1437,39 @@ conninfo_dump(FILE *out, const char *s)
 	    strncmp(s, "postgres://", 11) == 0) {
 		const char *auth = strstr(s, "://") + 3;
 		const char *end = auth + strcspn(auth, "/");
-		const char *at = NULL, *colon;
-		bool query = false;
+		const char *first_at = NULL, *at = NULL, *colon, *query;
 
-		for (const char *c = auth; c < end; c++)
+		for (const char *c = auth; c < end; c++) {
+			if (*c == '@' && first_at == NULL)
+				first_at = c;
 			if (*c == '@')
 				at = c;
+		}
+		/* Up to the last "@": a password holding an "@" is
+		 * hidden whole, whatever libpq makes of it. */
 		colon = at ? memchr(auth, ':', (size_t)(at - auth)) : NULL;
 		if (colon != NULL) {
 			escaped_write(out, s, (size_t)(colon + 1 - s));
 			fputs("<set>", out);
 			p = at;
 		}
+		/* Parameters start at the first "?" after libpq's user
+		 * info (it ends at the first "@"); before it an "&"
+		 * separates nothing. */
+		query = strchr(first_at ? first_at : auth, '?');
 		while (*p != '\0') {
 			const char *k = p + 1;
 			size_t klen = strcspn(k, "=&");
-			/* Parameters start at the first "?"; before it an "&"
-			 * separates nothing (skipping a "value" there once
-			 * moved a "/" and so changed where the user info
-			 * ends). */
-			bool param = (*p == '?' && !query) ||
-			    (*p == '&' && query);
+			bool param = query != NULL && (p == query ||
+			    (p > query && *p == '&'));
 
-			if (*p == '?')
-				query = true;
+			/* libpq looks for the user info up to the first "/",
+			 * past a "?".  A redacted value may hold that "/":
+			 * one put before the "?" (an empty database name,
+			 * the same to libpq) keeps an "@" after the value
+			 * from turning into user info in the dump. */
+			if (p == query && end > query)
+				fputc('/', out);
 			if (param && k[klen] == '=' &&
 			    uri_key_is_password(k, klen)) {
 				escaped_write(out, p, klen + 2);

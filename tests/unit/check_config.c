@@ -1,7 +1,8 @@
 /*
- * Unit tests for daemon/config.c: defaults, every type's good and bad
- * values, the corpus of broken files with their exact errors, secrets,
- * the sample config documenting every key, dump and reload.
+ * Unit tests for daemon/config.c and config_value.c: defaults, every
+ * type's good and bad values, the scalar parsers alone, the corpus of
+ * broken files with their exact errors, secrets, the sample config
+ * documenting every key, dump and reload.
  * Run from the repo root (or set OUTBOXD_SRCDIR to it).
  */
 #include <check.h>
@@ -952,6 +953,13 @@ static const struct conninfo_case {
 	 * means no user info either (found by fuzz_config). */
 	{ "postgresql://a&password=q/&u:pw@c",
 	    "postgresql://a&password=q/&u:pw@c" },
+	/* The "/" that ended libpq's search for user info was inside the
+	 * redacted value: one goes before the "?" instead. */
+	{ "postgresql://?password=q/&u:pw@c",
+	    "postgresql:///?password=<set>&u:pw@c" },
+	/* User info ends at the first "@": the query after it counts. */
+	{ "postgresql://u@h?password=" SECRET "@x",
+	    "postgresql://u@h/?password=<set>" },
 };
 
 START_TEST(test_dump_redacts_conninfo)
