@@ -103,7 +103,8 @@ deps:
 	@tests/deps.sh
 
 test: deps
-	@$(MAKE) --no-print-directory unit integration fuzz FUZZ_SECONDS=60
+	@$(MAKE) --no-print-directory unit integration fuzz FUZZ_SECONDS=60 \
+		FUZZ_SEED=1
 
 unit: $(B)/outboxd $(UNIT_BINS)
 	@OUTBOXD_BIN=$(B)/outboxd tests/run-unit.sh $(UNIT_BINS) $(UNIT_SCRIPTS)
@@ -169,10 +170,13 @@ clean:
 # one needs (not from the gcc-built liboutboxd.a).  `make fuzz` shares
 # FUZZ_SECONDS (default 60) among them and fails on any crash, leak,
 # timeout or broken invariant; `make fuzz-long` gives them
-# FUZZ_LONG_SECONDS.  Needs clang and libclang-rt-14-dev (Debian 12).
+# FUZZ_LONG_SECONDS.  `make test` fixes the seed (FUZZ_SEED=1), so its
+# run is the same every time; the others explore anew.  Needs clang and
+# libclang-rt-14-dev (Debian 12).
 FUZZ_CC           ?= clang
 FUZZ_SECONDS      ?= 60
 FUZZ_LONG_SECONDS ?= 1800
+FUZZ_SEED         ?=
 FUZZ_B            := build/fuzz
 # No -Werror: a warning only clang gives must not stop the fuzzers.
 FUZZ_CFLAGS := -g -O1 -std=c11 -D_GNU_SOURCE -DOUTBOXD_VERSION='"$(VERSION)"' \
@@ -209,7 +213,7 @@ $(FUZZ_B)/fuzz_pgarray: daemon/store.c
 fuzz-build: $(FUZZ_BINS)
 
 fuzz: $(FUZZ_BINS)
-	@tests/fuzz/run.sh $(FUZZ_SECONDS) $(FUZZ_BINS)
+	@FUZZ_SEED=$(FUZZ_SEED) tests/fuzz/run.sh $(FUZZ_SECONDS) $(FUZZ_BINS)
 
 fuzz-long: $(FUZZ_BINS)
 	@tests/fuzz/run.sh $(FUZZ_LONG_SECONDS) $(FUZZ_BINS)

@@ -10,6 +10,7 @@
 # found (build/fuzz/corpus/NAME/, never written back to the repo).  A
 # failing input is left in build/fuzz/artifacts/; reproduce it with
 # `build/fuzz/fuzz_NAME FILE`, and add it to the seeds once it is fixed.
+# FUZZ_SEED=N fixes libFuzzer's seed.
 set -uo pipefail
 
 [ $# -ge 2 ] || { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
@@ -43,6 +44,10 @@ for bin in "$@"; do
 		-max_len=16384 -print_final_stats=1
 		-artifact_prefix="$out/artifacts/$name-")
 	[ -f "tests/fuzz/$name.dict" ] && opts+=(-dict="tests/fuzz/$name.dict")
+	# A fixed seed (make test sets one) replays the same inputs on every
+	# run, so that a failure is reproducible, not luck; without one each
+	# run explores anew (make fuzz-long).
+	[ -n "${FUZZ_SEED:-}" ] && opts+=(-seed="$FUZZ_SEED")
 	echo "== fuzz_$name for ${secs}s"
 	# New inputs go to the first directory only: the seeds stay as
 	# they are.  The log is kept whole; the summary is shown.
