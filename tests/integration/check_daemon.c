@@ -927,17 +927,26 @@ END_TEST
 #define RABBIT_SECRET2 "Rabb1t-Changed-dmn-0816"
 #define REDIS_SECRET "Red1s-S3cret-dmn-1234"
 
+/* The shell command for rabbitmqctl ARGS against the test node. */
+static const char *
+rabbitmqctl_cmd(char *cmd, size_t size, const char *args)
+{
+	snprintf(cmd, size, "HOME='%s/rabbitmq' "
+	    "/usr/lib/rabbitmq/bin/rabbitmqctl -q -n '%s' %s",
+	    tl_env("OUTBOXD_SERVERS_DIR"), tl_env("OUTBOXD_RABBIT_NODE"),
+	    args);
+	return cmd;
+}
+
 /* rabbitmqctl ARGS against the test node; its exit status. */
 static int
 rabbitmqctl(const char *args)
 {
-	char cmd[1024];
+	char cmd[1024], quiet[1100];
 
-	snprintf(cmd, sizeof(cmd), "HOME='%s/rabbitmq' "
-	    "/usr/lib/rabbitmq/bin/rabbitmqctl -q -n '%s' %s >/dev/null 2>&1",
-	    tl_env("OUTBOXD_SERVERS_DIR"), tl_env("OUTBOXD_RABBIT_NODE"),
-	    args);
-	return system(cmd);
+	rabbitmqctl_cmd(cmd, sizeof(cmd), args);
+	snprintf(quiet, sizeof(quiet), "%s >/dev/null 2>&1", cmd);
+	return system(quiet);
 }
 
 /* A RabbitMQ user whose password is recognisable, so the test can both
@@ -1058,11 +1067,8 @@ rabbit_connections_of(const char *user)
 	FILE *p;
 	int n = 0;
 
-	snprintf(cmd, sizeof(cmd), "HOME='%s/rabbitmq' "
-	    "/usr/lib/rabbitmq/bin/rabbitmqctl -q -n '%s' list_connections "
-	    "user 2>/dev/null", tl_env("OUTBOXD_SERVERS_DIR"),
-	    tl_env("OUTBOXD_RABBIT_NODE"));
-	p = popen(cmd, "r");
+	p = popen(rabbitmqctl_cmd(cmd, sizeof(cmd),
+	    "list_connections user 2>/dev/null"), "r");
 	ck_assert_ptr_nonnull(p);
 	while (fgets(line, sizeof(line), p) != NULL) {
 		line[strcspn(line, "\r\n")] = '\0';
