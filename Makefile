@@ -196,8 +196,11 @@ $(FUZZ_B)/fuzz_$(1): tests/fuzz/fuzz_$(1).c $(2) $(FUZZ_DEPS)
 endef
 
 FUZZ_HTTP := daemon/http.c daemon/metrics.c daemon/log.c daemon/util.c
-# config.c opens password files: -Dopen keeps the fuzzer in its sandbox.
-$(eval $(call FUZZ_RULE,config,daemon/config.c daemon/config_value.c \
+# The config module (every daemon/config*.c) opens files: config_load,
+# and password files in config_secrets.c.  -Dopen keeps the fuzzer in its
+# sandbox.
+FUZZ_CONFIG := $(sort $(wildcard daemon/config*.c))
+$(eval $(call FUZZ_RULE,config,$(FUZZ_CONFIG) \
 	daemon/backoff.c \
 	$(FUZZ_HTTP),-Dopen=fuzz_open,-lyaml -lpq -lmicrohttpd -lm -lpthread))
 $(eval $(call FUZZ_RULE,duration,daemon/util.c,,))

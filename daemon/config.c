@@ -1,9 +1,10 @@
 /*
  * Config: YAML (libyaml) into a validated struct config.  One table says,
  * for every key, its type, bounds, default, reloadability and field; load,
- * defaults, dump and reload all walk it.  The only file that sees yaml.h.
+ * defaults, dump and reload all walk it.  This file holds the table and
+ * the loader; secrets, the dump and reload have files of their own.
  */
-#include "config.h"
+#include "config_internal.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -15,10 +16,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
-
-#include <yaml.h>
 
 #include "backoff.h"
 #include "config_value.h"
@@ -26,51 +24,6 @@
 
 /* A config file is a few kilobytes; anything this big is a mistake. */
 #define CONFIG_MAX_BYTES	(1024 * 1024)
-/* A password file's first line; longer is surely the wrong file. */
-#define SECRET_MAX_BYTES	1024
-
-enum key_type {
-	T_STRING,
-	T_INT,		/* int */
-	T_BOOL,		/* bool */
-	T_DURATION,	/* int64_t milliseconds (int seconds with F_SECONDS) */
-	T_SIZE,		/* size_t bytes */
-	T_FLOAT,	/* double */
-	T_ENUM,		/* an enum, or a bool with F_AS_BOOL */
-	T_SECRET,	/* password: the secret itself */
-	T_SECRET_ENV,	/* password_env: the variable to read it from */
-	T_SECRET_FILE,	/* password_file: the file to read it from */
-	T_NODES,	/* "host:port" list into broker_conf.nodes */
-	T_ADDRESS,	/* "host:port" or "unix:/path" into host + port */
-	T_LISTEN,	/* "host:port", or "" for off */
-};
-
-#define F_RELOAD	0x01	/* SIGHUP applies it; others need a restart */
-#define F_OPTIONAL	0x02	/* may be unset (NULL) */
-#define F_NONEMPTY	0x04	/* "" can never work */
-#define F_SECONDS	0x08	/* duration kept as whole seconds in an int */
-#define F_AS_BOOL	0x10	/* two-name enum kept as a bool */
-#define F_CONNINFO	0x20	/* may embed a password: redacted in dumps */
-
-struct enum_name {
-	const char *name;
-	int value;
-};
-
-struct key {
-	const char *name;
-	enum key_type type;
-	unsigned flags;
-	size_t off;		/* the field in struct config */
-	size_t off2;		/* T_ADDRESS: the port field */
-	const char *def;	/* default, as written in a file; NULL: unset */
-	int64_t min, max;	/* T_INT, T_DURATION (ms), T_SIZE (bytes) */
-	double fmin, fmax;	/* T_FLOAT */
-	const struct enum_name *names;	/* T_ENUM, ends with a NULL name */
-	int port;		/* address types: the port when none is given
-				 * (0 = a port is required), and the example */
-	int group;		/* T_SECRET*: which password (1..3), else 0 */
-};
 
 /* Enums are stored through an int lvalue; make sure they are int-sized. */
 _Static_assert(sizeof(enum log_level) == sizeof(int), "enum size");
@@ -111,7 +64,7 @@ static const struct enum_name jitters[] = {
 
 /* Keep in step with config/outboxd.yml and docs/CONFIG.md (a test
  * checks the sample file documents every key). */
-static const struct key keys[] = {
+const struct key cfg_keys[] = {
 	{ .name = "log.level", .type = T_ENUM, .flags = F_RELOAD,
 	  .off = OFF(log_level), .def = "info", .names = log_levels },
 
@@ -244,7 +197,8 @@ static const struct key keys[] = {
 	  .def = "127.0.0.1:9187", .port = 0 },
 };
 
-#define N_KEYS	ARRAY_LEN(keys)
+#define N_KEYS	ARRAY_LEN(cfg_keys)
+const size_t cfg_n_keys = N_KEYS;
 
 /* The three passwords: a section's password, password_env, password_file
  * share a group number; index 0 is unused. */
@@ -274,18 +228,6 @@ struct loader {
 	size_t n_probs, cap_probs;
 	struct seen seen[N_KEYS];
 };
-
-static void *
-field(struct config *c, size_t off)
-{
-	return (char *)c + off;
-}
-
-static const void *
-cfield(const struct config *c, size_t off)
-{
-	return (const char *)c + off;
-}
 
 static bool
 is_secret_type(enum key_type t)
@@ -437,8 +379,8 @@ nodes_clear(struct broker_conf *b)
 	b->n_nodes = 0;
 }
 
-static void
-string_set(char **dst, const char *s, bool secret)
+void
+cfg_string_set(char **dst, const char *s, bool secret)
 {
 	if (secret)
 		secret_free(*dst);
@@ -483,7 +425,7 @@ value_set(struct config *c, const struct key *k, const char *s, char *why,
 			strfmt(why, whysz, "must not be empty");
 			return -1;
 		}
-		string_set(f, s, k->type == T_SECRET);
+		cfg_string_set(f, s, k->type == T_SECRET);
 		return 0;
 	case T_SECRET_ENV:
 		if (!env_name_ok(s)) {
@@ -491,7 +433,7 @@ value_set(struct config *c, const struct key *k, const char *s, char *why,
 			    "environment variable");
 			return -1;
 		}
-		string_set(f, s, false);
+		cfg_string_set(f, s, false);
 		return 0;
 	case T_INT:
 		rc = config_parse_int(s, &v);
@@ -643,7 +585,7 @@ value_set(struct config *c, const struct key *k, const char *s, char *why,
 				return -1;
 			}
 		}
-		string_set(f, s, false);
+		cfg_string_set(f, s, false);
 		return 0;
 	}
 	}
@@ -655,7 +597,7 @@ static int
 key_find(const char *name)
 {
 	for (size_t i = 0; i < N_KEYS; i++)
-		if (strcmp(keys[i].name, name) == 0)
+		if (strcmp(cfg_keys[i].name, name) == 0)
 			return (int)i;
 	return -1;
 }
@@ -667,8 +609,8 @@ is_section(const char *path)
 	size_t n = strlen(path);
 
 	for (size_t i = 0; i < N_KEYS; i++)
-		if (strncmp(keys[i].name, path, n) == 0 &&
-		    keys[i].name[n] == '.')
+		if (strncmp(cfg_keys[i].name, path, n) == 0 &&
+		    cfg_keys[i].name[n] == '.')
 			return true;
 	return false;
 }
@@ -724,7 +666,7 @@ suggest(const char *prefix, const char *name, char *out, size_t size)
 
 	for (int pass = 0; pass < 2 && !found; pass++) {
 		for (size_t i = 0; i < N_KEYS; i++) {
-			const char *k = keys[i].name, *seg = k;
+			const char *k = cfg_keys[i].name, *seg = k;
 
 			for (const char *p = k;; p++) {
 				char path[128], s[64];
@@ -830,7 +772,7 @@ nodes_from_list(struct loader *L, const struct key *k, yaml_node_t *list,
 static void
 key_set(struct loader *L, int ki, yaml_node_t *kn, yaml_node_t *vn)
 {
-	const struct key *k = &keys[ki];
+	const struct key *k = &cfg_keys[ki];
 	struct seen *sn = &L->seen[ki];
 	char why[1024], wants[300];
 	const char *s;
@@ -860,7 +802,7 @@ key_set(struct loader *L, int ki, yaml_node_t *kn, yaml_node_t *vn)
 		if (is_secret_type(k->type))
 			return;
 		if (k->flags & F_OPTIONAL) {
-			string_set(field(L->c, k->off), NULL, false);
+			cfg_string_set(field(L->c, k->off), NULL, false);
 			return;
 		}
 		problem(L, &vn->start_mark, "%s: needs a value", k->name);
@@ -936,79 +878,6 @@ walk(struct loader *L, yaml_node_t *map, const char *prefix)
 	}
 }
 
-/*
- * Reads the first line of a password file, refusing one that others can
- * read: a secret in a world-readable file is no secret.  Messages never
- * name the file: someone may have pasted the password itself there.
- */
-static char *
-secret_file_read(const char *path, char *why, size_t whysz)
-{
-	char buf[SECRET_MAX_BYTES + 1];
-	char *secret = NULL, *nl;
-	struct stat st;
-	size_t len = 0;
-	int fd;
-
-	/* O_NONBLOCK: opening a FIFO (which the check below refuses)
-	 * would otherwise wait for a writer forever.  Regular files
-	 * ignore it. */
-	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
-	if (fd == -1) {
-		strfmt(why, whysz, "cannot open the file: %s", strerror(errno));
-		return NULL;
-	}
-	if (fstat(fd, &st) == -1) {
-		strfmt(why, whysz, "cannot stat the file: %s", strerror(errno));
-		goto fail;
-	}
-	if (!S_ISREG(st.st_mode)) {
-		strfmt(why, whysz, "the file is not a regular file");
-		goto fail;
-	}
-	if (st.st_mode & (S_IRWXG | S_IRWXO)) {
-		strfmt(why, whysz, "the file is accessible by group or others "
-		    "(mode %04o); run chmod 600 on it",
-		    (unsigned)(st.st_mode & 07777));
-		goto fail;
-	}
-	while (len < sizeof(buf) - 1) {
-		ssize_t r = read(fd, buf + len, sizeof(buf) - 1 - len);
-
-		if (r == -1 && errno == EINTR)
-			continue;
-		if (r == -1) {
-			strfmt(why, whysz, "cannot read the file: %s",
-			    strerror(errno));
-			goto fail;
-		}
-		if (r == 0)
-			break;
-		len += (size_t)r;
-	}
-	buf[len] = '\0';
-	nl = memchr(buf, '\n', len);
-	if (nl == NULL && len == sizeof(buf) - 1) {
-		strfmt(why, whysz, "the file's first line is longer than %d "
-		    "bytes", SECRET_MAX_BYTES - 1);
-		goto fail;
-	}
-	if (nl != NULL)
-		*nl = '\0';
-	len = strlen(buf);
-	if (len > 0 && buf[len - 1] == '\r')
-		buf[--len] = '\0';
-	if (len == 0) {
-		strfmt(why, whysz, "the file's first line is empty");
-		goto fail;
-	}
-	secret = xstrdup(buf);
-fail:
-	explicit_bzero(buf, sizeof(buf));
-	close(fd);
-	return secret;
-}
-
 /* Enforces at most one source per password and reads env and files. */
 static void
 secrets_resolve(struct loader *L)
@@ -1020,9 +889,9 @@ secrets_resolve(struct loader *L)
 		char *secret = NULL;
 
 		for (size_t i = 0; i < N_KEYS; i++) {
-			if (keys[i].group != (int)g || !L->seen[i].given)
+			if (cfg_keys[i].group != (int)g || !L->seen[i].given)
 				continue;
-			given[n] = &keys[i];
+			given[n] = &cfg_keys[i];
 			idx[n++] = (int)i;
 		}
 		if (n == 0)
@@ -1054,7 +923,7 @@ secrets_resolve(struct loader *L)
 			else
 				secret = xstrdup(val);
 		} else {
-			secret = secret_file_read(
+			secret = cfg_secret_file_read(
 			    *(char **)field(L->c, given[0]->off), why,
 			    sizeof(why));
 		}
@@ -1064,9 +933,10 @@ secrets_resolve(struct loader *L)
 			continue;
 		}
 		for (size_t i = 0; i < N_KEYS; i++) {
-			char **dst = field(L->c, keys[i].off);
+			char **dst = field(L->c, cfg_keys[i].off);
 
-			if (keys[i].group != (int)g || keys[i].type != T_SECRET)
+			if (cfg_keys[i].group != (int)g ||
+			    cfg_keys[i].type != T_SECRET)
 				continue;
 			secret_free(*dst);
 			*dst = secret;
@@ -1084,8 +954,8 @@ section_mark(struct loader *L, const char *section)
 
 	for (size_t i = 0; i < N_KEYS; i++) {
 		if (!L->seen[i].given ||
-		    strncmp(keys[i].name, section, n) != 0 ||
-		    keys[i].name[n] != '.')
+		    strncmp(cfg_keys[i].name, section, n) != 0 ||
+		    cfg_keys[i].name[n] != '.')
 			continue;
 		if (m == NULL || L->seen[i].key_mark.index < m->index)
 			m = &L->seen[i].key_mark;
@@ -1108,7 +978,7 @@ cross_check(struct loader *L)
 		ki = key_find(cert ? "rabbitmq.tls.cert_file" :
 		    "rabbitmq.tls.key_file");
 		problem(L, L->seen[ki].given ? &L->seen[ki].val_mark : NULL,
-		    "%s: needs rabbitmq.tls.%s too", keys[ki].name,
+		    "%s: needs rabbitmq.tls.%s too", cfg_keys[ki].name,
 		    cert ? "key_file" : "cert_file");
 	}
 	msg = backoff_params_check(&L->c->relay.backoff);
@@ -1126,29 +996,6 @@ cross_check(struct loader *L)
 		    sizeof(init), L->c->relay.reconnect.init_ms),
 		    config_fmt_duration(max, sizeof(max),
 		    L->c->relay.reconnect.max_ms));
-	}
-}
-
-/* libyaml keeps scalars in the document; wipe every password value in it
- * before the memory goes back to malloc. */
-static void
-document_wipe_secrets(yaml_document_t *doc)
-{
-	for (yaml_node_t *n = doc->nodes.start; n < doc->nodes.top; n++) {
-		if (n->type != YAML_MAPPING_NODE)
-			continue;
-		for (yaml_node_pair_t *p = n->data.mapping.pairs.start;
-		    p < n->data.mapping.pairs.top; p++) {
-			yaml_node_t *k = yaml_document_get_node(doc, p->key);
-			yaml_node_t *v = yaml_document_get_node(doc, p->value);
-
-			if (k->type == YAML_SCALAR_NODE &&
-			    v->type == YAML_SCALAR_NODE &&
-			    strcmp((char *)k->data.scalar.value,
-			    "password") == 0)
-				explicit_bzero(v->data.scalar.value,
-				    v->data.scalar.length);
-		}
 	}
 }
 
@@ -1231,7 +1078,7 @@ load(struct config *c, const char *name, const char *yaml, size_t len,
 		yaml_document_delete(&extra);
 	}
 	cross_check(L);
-	document_wipe_secrets(&doc);
+	cfg_document_wipe_secrets(&doc);
 	yaml_document_delete(&doc);
 fail:
 	yaml_parser_delete(&parser);
@@ -1264,13 +1111,13 @@ config_defaults(struct config *c)
 	backoff_params_default(&c->relay.backoff);
 	backoff_params_default(&c->relay.reconnect);
 	for (size_t i = 0; i < N_KEYS; i++) {
-		if (keys[i].def == NULL)
+		if (cfg_keys[i].def == NULL)
 			continue;
-		if (value_set(c, &keys[i], keys[i].def, why,
+		if (value_set(c, &cfg_keys[i], cfg_keys[i].def, why,
 		    sizeof(why)) != 0) {
 			/* A bad default is a bug in the table above. */
 			fprintf(stderr, "outboxd: default of %s: %s\n",
-			    keys[i].name, why);
+			    cfg_keys[i].name, why);
 			abort();
 		}
 	}
@@ -1345,7 +1192,7 @@ config_free(struct config *c)
 	if (c == NULL)
 		return;
 	for (size_t i = 0; i < N_KEYS; i++) {
-		const struct key *k = &keys[i];
+		const struct key *k = &cfg_keys[i];
 		void *f = field(c, k->off);
 
 		switch (k->type) {
@@ -1370,269 +1217,6 @@ config_free(struct config *c)
 	memset(c, 0, sizeof(*c));
 }
 
-/* Writes n bytes of s escaped as in a double-quoted YAML string, so that
- * a dump is one line per key and never sends control bytes to a terminal. */
-static void
-escaped_write(FILE *out, const char *s, size_t n)
-{
-	for (size_t i = 0; i < n && s[i] != '\0'; i++) {
-		unsigned char ch = (unsigned char)s[i];
-
-		if (ch == '"' || ch == '\\')
-			fprintf(out, "\\%c", ch);
-		else if (ch < ' ' || ch == 0x7f)
-			fprintf(out, "\\x%02x", ch);
-		else
-			fputc(ch, out);
-	}
-}
-
-/* What libpq's keyword form takes for white space (isspace in "C"). */
-#define CONNINFO_SPACE	" \t\n\r\v\f"
-
-/* Whether the n bytes at k, %-decoded as libpq decodes URI parameter
- * names, spell "password". */
-static bool
-uri_key_is_password(const char *k, size_t n)
-{
-	static const char want[] = "password";
-	size_t j = 0;
-
-	for (size_t i = 0; i < n; i++, j++) {
-		int ch = (unsigned char)k[i];
-
-		if (ch == '%' && i + 2 < n &&
-		    isxdigit((unsigned char)k[i + 1]) &&
-		    isxdigit((unsigned char)k[i + 2])) {
-			char hex[3] = { k[i + 1], k[i + 2], '\0' };
-
-			ch = (int)strtol(hex, NULL, 16);
-			i += 2;
-		}
-		if (j >= sizeof(want) - 1 || ch != want[j])
-			return false;
-	}
-	return j == sizeof(want) - 1;
-}
-
-/*
- * Writes a conninfo with any password replaced by <set>: both the
- * keyword form (password=x, password='a b') and the URI forms
- * (user:x@host, ?password=x).  It splits the text the way libpq does;
- * tests/fuzz/fuzz_config checks it against libpq's own parser, which
- * found these: libpq ends the user info only at "/" (a password may hold
- * "?" or "#"), decodes %-escapes in parameter names and ends a value at
- * any white space, "\r" too, takes parameters only after the first "?"
- * that follows the user info, and looks for that user info past a "?"
- * up to the first "/".  The rest is escaped as string_dump does (a
- * newline in the conninfo once split the dump's line).
- */
-static void
-conninfo_dump(FILE *out, const char *s)
-{
-	const char *p = s;
-
-	fputc('"', out);
-	if (strncmp(s, "postgresql://", 13) == 0 ||
-	    strncmp(s, "postgres://", 11) == 0) {
-		const char *auth = strstr(s, "://") + 3;
-		const char *end = auth + strcspn(auth, "/");
-		const char *first_at = NULL, *at = NULL, *colon, *query;
-
-		for (const char *c = auth; c < end; c++) {
-			if (*c == '@' && first_at == NULL)
-				first_at = c;
-			if (*c == '@')
-				at = c;
-		}
-		/* Up to the last "@": a password holding an "@" is
-		 * hidden whole, whatever libpq makes of it. */
-		colon = at ? memchr(auth, ':', (size_t)(at - auth)) : NULL;
-		if (colon != NULL) {
-			escaped_write(out, s, (size_t)(colon + 1 - s));
-			fputs("<set>", out);
-			p = at;
-		}
-		/* Parameters start at the first "?" after libpq's user
-		 * info (it ends at the first "@"); before it an "&"
-		 * separates nothing. */
-		query = strchr(first_at ? first_at : auth, '?');
-		while (*p != '\0') {
-			const char *k = p + 1;
-			size_t klen = strcspn(k, "=&");
-			bool param = query != NULL && (p == query ||
-			    (p > query && *p == '&'));
-
-			/* libpq looks for the user info up to the first "/",
-			 * past a "?".  A redacted value may hold that "/":
-			 * one put before the "?" (an empty database name,
-			 * the same to libpq) keeps an "@" after the value
-			 * from turning into user info in the dump. */
-			if (p == query && end > query)
-				fputc('/', out);
-			if (param && k[klen] == '=' &&
-			    uri_key_is_password(k, klen)) {
-				escaped_write(out, p, klen + 2);
-				fputs("<set>", out);
-				p = k + klen + 1;
-				p += strcspn(p, "&");
-				continue;
-			}
-			escaped_write(out, p++, 1);
-		}
-		fputs("\"\n", out);
-		return;
-	}
-	while (*p != '\0') {
-		const char *kw = p + strspn(p, CONNINFO_SPACE), *v;
-		size_t kwlen = strcspn(kw, CONNINFO_SPACE "=");
-
-		escaped_write(out, p, (size_t)(kw - p));
-		if (*kw == '\0')
-			break;
-		v = kw + kwlen;
-		v += strspn(v, CONNINFO_SPACE);
-		if (*v != '=') {
-			/* Not keyword=value: print the rest untouched. */
-			escaped_write(out, kw, strlen(kw));
-			break;
-		}
-		v++;
-		v += strspn(v, CONNINFO_SPACE);
-		p = v;
-		if (*p == '\'') {
-			for (p++; *p != '\0' && *p != '\''; p++)
-				if (*p == '\\' && p[1] != '\0')
-					p++;
-			if (*p == '\'')
-				p++;
-		} else {
-			p += strcspn(p, CONNINFO_SPACE);
-		}
-		escaped_write(out, kw, (size_t)(v - kw));
-		if (kwlen == 8 && strncmp(kw, "password", 8) == 0)
-			fputs("<set>", out);
-		else
-			escaped_write(out, v, (size_t)(p - v));
-	}
-	fputs("\"\n", out);
-}
-
-static void
-string_dump(FILE *out, const char *s)
-{
-	fputc('"', out);
-	escaped_write(out, s, strlen(s));
-	fputc('"', out);
-}
-
-static void
-hostport_dump(FILE *out, const char *host, int port)
-{
-	char buf[300];
-
-	if (port == 0)
-		strfmt(buf, sizeof(buf), "%s", host);
-	else if (strchr(host, ':') != NULL)
-		strfmt(buf, sizeof(buf), "[%s]:%d", host, port);
-	else
-		strfmt(buf, sizeof(buf), "%s:%d", host, port);
-	string_dump(out, buf);
-}
-
-static const char *
-enum_name_of(const struct key *k, int v)
-{
-	for (const struct enum_name *e = k->names; e->name != NULL; e++)
-		if (e->value == v)
-			return e->name;
-	return "?";
-}
-
-static int
-enum_get(const struct config *c, const struct key *k)
-{
-	const void *f = cfield(c, k->off);
-
-	if (k->flags & F_AS_BOOL)
-		return *(const bool *)f ? 1 : 0;
-	return *(const int *)f;
-}
-
-void
-config_dump(const struct config *c, FILE *out)
-{
-	for (size_t i = 0; i < N_KEYS; i++) {
-		const struct key *k = &keys[i];
-		const void *f = cfield(c, k->off);
-		char buf[64];
-
-		fprintf(out, "%s: ", k->name);
-		switch (k->type) {
-		case T_STRING:
-		case T_LISTEN:
-			if (*(char *const *)f == NULL)
-				fputs("<unset>", out);
-			else if (k->flags & F_CONNINFO) {
-				conninfo_dump(out, *(char *const *)f);
-				continue;
-			} else
-				string_dump(out, *(char *const *)f);
-			break;
-		case T_SECRET:
-		case T_SECRET_ENV:
-		case T_SECRET_FILE:
-			/* Even the variable name and path: they are where a
-			 * misplaced password would end up. */
-			fputs(*(char *const *)f ? "<set>" : "<unset>", out);
-			break;
-		case T_INT:
-			fprintf(out, "%d", *(const int *)f);
-			break;
-		case T_BOOL:
-			fputs(*(const bool *)f ? "true" : "false", out);
-			break;
-		case T_DURATION:
-			fputs(config_fmt_duration(buf, sizeof(buf),
-			    k->flags & F_SECONDS ?
-			    (int64_t)*(const int *)f * 1000 :
-			    *(const int64_t *)f), out);
-			break;
-		case T_SIZE:
-			fputs(config_fmt_size(buf, sizeof(buf),
-			    (int64_t)*(const size_t *)f), out);
-			break;
-		case T_FLOAT:
-			fprintf(out, "%g", *(const double *)f);
-			break;
-		case T_ENUM:
-			fputs(enum_name_of(k, enum_get(c, k)), out);
-			break;
-		case T_NODES: {
-			const struct broker_conf *b = f;
-
-			fputc('[', out);
-			for (size_t j = 0; j < b->n_nodes; j++) {
-				if (j > 0)
-					fputs(", ", out);
-				hostport_dump(out, b->nodes[j].host,
-				    b->nodes[j].port);
-			}
-			fputc(']', out);
-			break;
-		}
-		case T_ADDRESS:
-			if (*(char *const *)f == NULL)
-				fputs("<unset>", out);
-			else
-				hostport_dump(out, *(char *const *)f,
-				    *(const int *)cfield(c, k->off2));
-			break;
-		}
-		fputc('\n', out);
-	}
-}
-
 const char *const *
 config_keys(void)
 {
@@ -1640,146 +1224,8 @@ config_keys(void)
 
 	if (names[0] == NULL)
 		for (size_t i = 0; i < N_KEYS; i++)
-			names[i] = keys[i].name;
+			names[i] = cfg_keys[i].name;
 	return names;
-}
-
-static bool
-str_eq(const char *a, const char *b)
-{
-	if (a == NULL || b == NULL)
-		return a == b;
-	return strcmp(a, b) == 0;
-}
-
-static bool
-key_equal(const struct config *a, const struct config *b, const struct key *k)
-{
-	const void *fa = cfield(a, k->off), *fb = cfield(b, k->off);
-
-	switch (k->type) {
-	case T_STRING:
-	case T_SECRET:
-	case T_SECRET_ENV:
-	case T_SECRET_FILE:
-	case T_LISTEN:
-		return str_eq(*(char *const *)fa, *(char *const *)fb);
-	case T_ADDRESS:
-		return str_eq(*(char *const *)fa, *(char *const *)fb) &&
-		    *(const int *)cfield(a, k->off2) ==
-		    *(const int *)cfield(b, k->off2);
-	case T_INT:
-		return *(const int *)fa == *(const int *)fb;
-	case T_BOOL:
-		return *(const bool *)fa == *(const bool *)fb;
-	case T_DURATION:
-		if (k->flags & F_SECONDS)
-			return *(const int *)fa == *(const int *)fb;
-		return *(const int64_t *)fa == *(const int64_t *)fb;
-	case T_SIZE:
-		return *(const size_t *)fa == *(const size_t *)fb;
-	case T_FLOAT:
-		return *(const double *)fa == *(const double *)fb;
-	case T_ENUM:
-		return enum_get(a, k) == enum_get(b, k);
-	case T_NODES: {
-		const struct broker_conf *x = fa, *y = fb;
-
-		if (x->n_nodes != y->n_nodes)
-			return false;
-		for (size_t i = 0; i < x->n_nodes; i++)
-			if (!str_eq(x->nodes[i].host, y->nodes[i].host) ||
-			    x->nodes[i].port != y->nodes[i].port)
-				return false;
-		return true;
-	}
-	}
-	return false;
-}
-
-int
-config_reload_check(const struct config *old, const struct config *next,
-    FILE *warn)
-{
-	int n = 0;
-
-	for (size_t i = 0; i < N_KEYS; i++) {
-		const struct key *k = &keys[i];
-
-		if (k->flags & F_RELOAD || key_equal(old, next, k))
-			continue;
-		n++;
-		if (warn != NULL)
-			fprintf(warn, "%s changed; restart outboxd to apply "
-			    "it\n", k->name);
-		else
-			log_warn("config change needs a restart", "key=%s",
-			    k->name);
-	}
-	return n;
-}
-
-void
-config_apply_reloadable(struct config *cur, const struct config *next)
-{
-	for (size_t i = 0; i < N_KEYS; i++) {
-		const struct key *k = &keys[i];
-		void *dst = field(cur, k->off);
-		const void *src = cfield(next, k->off);
-
-		if (!(k->flags & F_RELOAD))
-			continue;
-		switch (k->type) {
-		case T_INT:
-			*(int *)dst = *(const int *)src;
-			break;
-		case T_BOOL:
-			*(bool *)dst = *(const bool *)src;
-			break;
-		case T_DURATION:
-			if (k->flags & F_SECONDS)
-				*(int *)dst = *(const int *)src;
-			else
-				*(int64_t *)dst = *(const int64_t *)src;
-			break;
-		case T_SIZE:
-			*(size_t *)dst = *(const size_t *)src;
-			break;
-		case T_FLOAT:
-			*(double *)dst = *(const double *)src;
-			break;
-		case T_ENUM:
-			if (k->flags & F_AS_BOOL)
-				*(bool *)dst = *(const bool *)src;
-			else
-				*(int *)dst = *(const int *)src;
-			break;
-		case T_STRING:
-		case T_LISTEN:
-			string_set(dst, *(char *const *)src, false);
-			break;
-		default:
-			/* Secrets, nodes and addresses shape connections
-			 * and are never marked reloadable. */
-			abort();
-		}
-	}
-}
-
-int
-config_reload(struct config *cur, FILE *errs)
-{
-	struct config next;
-
-	memset(&next, 0, sizeof(next));
-	if (cur->path == NULL)
-		return -1;
-	if (config_load(&next, cur->path, errs) != 0)
-		return -1;
-	(void)config_reload_check(cur, &next, NULL);
-	config_apply_reloadable(cur, &next);
-	config_free(&next);
-	return 0;
 }
 
 int

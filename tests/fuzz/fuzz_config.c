@@ -6,7 +6,7 @@
  *    (otherwise `outboxd check` says OK and the daemon fails at start);
  *  - a dump never shows a password: the secret keys read <set>/<unset>,
  *    and libpq finds no password in the dumped postgres.conninfo.
- * config.c is compiled with -Dopen=fuzz_open: only files under
+ * The config sources are compiled with -Dopen=fuzz_open: only files under
  * fuzz-secrets/ can be opened, and they are looked up in a temporary
  * directory made here, so no input can make the fuzzer read a FIFO, a
  * device or a real file.

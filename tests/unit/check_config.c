@@ -1,5 +1,5 @@
 /*
- * Unit tests for daemon/config.c and config_value.c: defaults, every
+ * Unit tests for the config module (daemon/config*.c): defaults, every
  * type's good and bad values, the scalar parsers alone, the corpus of
  * broken files with their exact errors, secrets, the sample config
  * documenting every key, dump and reload.

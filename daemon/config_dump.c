@@ -1,0 +1,266 @@
+/*
+ * Config, dump: every key and its value, one line each (the unit tests
+ * and fuzz_config read it).  No secret may reach it: password keys print
+ * <set>, and a conninfo is split the way libpq splits it, so that its
+ * password is found and redacted.
+ */
+#include "config_internal.h"
+
+#include <ctype.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config_value.h"
+
+/* Writes n bytes of s escaped as in a double-quoted YAML string, so that
+ * a dump is one line per key and never sends control bytes to a terminal. */
+static void
+escaped_write(FILE *out, const char *s, size_t n)
+{
+	for (size_t i = 0; i < n && s[i] != '\0'; i++) {
+		unsigned char ch = (unsigned char)s[i];
+
+		if (ch == '"' || ch == '\\')
+			fprintf(out, "\\%c", ch);
+		else if (ch < ' ' || ch == 0x7f)
+			fprintf(out, "\\x%02x", ch);
+		else
+			fputc(ch, out);
+	}
+}
+
+/* What libpq's keyword form takes for white space (isspace in "C"). */
+#define CONNINFO_SPACE	" \t\n\r\v\f"
+
+/* Whether the n bytes at k, %-decoded as libpq decodes URI parameter
+ * names, spell "password". */
+static bool
+uri_key_is_password(const char *k, size_t n)
+{
+	static const char want[] = "password";
+	size_t j = 0;
+
+	for (size_t i = 0; i < n; i++, j++) {
+		int ch = (unsigned char)k[i];
+
+		if (ch == '%' && i + 2 < n &&
+		    isxdigit((unsigned char)k[i + 1]) &&
+		    isxdigit((unsigned char)k[i + 2])) {
+			char hex[3] = { k[i + 1], k[i + 2], '\0' };
+
+			ch = (int)strtol(hex, NULL, 16);
+			i += 2;
+		}
+		if (j >= sizeof(want) - 1 || ch != want[j])
+			return false;
+	}
+	return j == sizeof(want) - 1;
+}
+
+/*
+ * Writes a conninfo with any password replaced by <set>: both the
+ * keyword form (password=x, password='a b') and the URI forms
+ * (user:x@host, ?password=x).  It splits the text the way libpq does;
+ * tests/fuzz/fuzz_config checks it against libpq's own parser, which
+ * found these: libpq ends the user info only at "/" (a password may hold
+ * "?" or "#"), decodes %-escapes in parameter names and ends a value at
+ * any white space, "\r" too, takes parameters only after the first "?"
+ * that follows the user info, and looks for that user info past a "?"
+ * up to the first "/".  The rest is escaped as string_dump does (a
+ * newline in the conninfo once split the dump's line).
+ */
+static void
+conninfo_dump(FILE *out, const char *s)
+{
+	const char *p = s;
+
+	fputc('"', out);
+	if (strncmp(s, "postgresql://", 13) == 0 ||
+	    strncmp(s, "postgres://", 11) == 0) {
+		const char *auth = strstr(s, "://") + 3;
+		const char *end = auth + strcspn(auth, "/");
+		const char *first_at = NULL, *at = NULL, *colon, *query;
+
+		for (const char *c = auth; c < end; c++) {
+			if (*c == '@' && first_at == NULL)
+				first_at = c;
+			if (*c == '@')
+				at = c;
+		}
+		/* Up to the last "@": a password holding an "@" is
+		 * hidden whole, whatever libpq makes of it. */
+		colon = at ? memchr(auth, ':', (size_t)(at - auth)) : NULL;
+		if (colon != NULL) {
+			escaped_write(out, s, (size_t)(colon + 1 - s));
+			fputs("<set>", out);
+			p = at;
+		}
+		/* Parameters start at the first "?" after libpq's user
+		 * info (it ends at the first "@"); before it an "&"
+		 * separates nothing. */
+		query = strchr(first_at ? first_at : auth, '?');
+		while (*p != '\0') {
+			const char *k = p + 1;
+			size_t klen = strcspn(k, "=&");
+			bool param = query != NULL && (p == query ||
+			    (p > query && *p == '&'));
+
+			/* libpq looks for the user info up to the first "/",
+			 * past a "?".  A redacted value may hold that "/":
+			 * one put before the "?" (an empty database name,
+			 * the same to libpq) keeps an "@" after the value
+			 * from turning into user info in the dump. */
+			if (p == query && end > query)
+				fputc('/', out);
+			if (param && k[klen] == '=' &&
+			    uri_key_is_password(k, klen)) {
+				escaped_write(out, p, klen + 2);
+				fputs("<set>", out);
+				p = k + klen + 1;
+				p += strcspn(p, "&");
+				continue;
+			}
+			escaped_write(out, p++, 1);
+		}
+		fputs("\"\n", out);
+		return;
+	}
+	while (*p != '\0') {
+		const char *kw = p + strspn(p, CONNINFO_SPACE), *v;
+		size_t kwlen = strcspn(kw, CONNINFO_SPACE "=");
+
+		escaped_write(out, p, (size_t)(kw - p));
+		if (*kw == '\0')
+			break;
+		v = kw + kwlen;
+		v += strspn(v, CONNINFO_SPACE);
+		if (*v != '=') {
+			/* Not keyword=value: print the rest untouched. */
+			escaped_write(out, kw, strlen(kw));
+			break;
+		}
+		v++;
+		v += strspn(v, CONNINFO_SPACE);
+		p = v;
+		if (*p == '\'') {
+			for (p++; *p != '\0' && *p != '\''; p++)
+				if (*p == '\\' && p[1] != '\0')
+					p++;
+			if (*p == '\'')
+				p++;
+		} else {
+			p += strcspn(p, CONNINFO_SPACE);
+		}
+		escaped_write(out, kw, (size_t)(v - kw));
+		if (kwlen == 8 && strncmp(kw, "password", 8) == 0)
+			fputs("<set>", out);
+		else
+			escaped_write(out, v, (size_t)(p - v));
+	}
+	fputs("\"\n", out);
+}
+
+static void
+string_dump(FILE *out, const char *s)
+{
+	fputc('"', out);
+	escaped_write(out, s, strlen(s));
+	fputc('"', out);
+}
+
+static void
+hostport_dump(FILE *out, const char *host, int port)
+{
+	char buf[300];
+
+	if (port == 0)
+		strfmt(buf, sizeof(buf), "%s", host);
+	else if (strchr(host, ':') != NULL)
+		strfmt(buf, sizeof(buf), "[%s]:%d", host, port);
+	else
+		strfmt(buf, sizeof(buf), "%s:%d", host, port);
+	string_dump(out, buf);
+}
+
+static const char *
+enum_name_of(const struct key *k, int v)
+{
+	for (const struct enum_name *e = k->names; e->name != NULL; e++)
+		if (e->value == v)
+			return e->name;
+	return "?";
+}
+
+void
+config_dump(const struct config *c, FILE *out)
+{
+	for (size_t i = 0; i < cfg_n_keys; i++) {
+		const struct key *k = &cfg_keys[i];
+		const void *f = cfield(c, k->off);
+		char buf[64];
+
+		fprintf(out, "%s: ", k->name);
+		switch (k->type) {
+		case T_STRING:
+		case T_LISTEN:
+			if (*(char *const *)f == NULL)
+				fputs("<unset>", out);
+			else if (k->flags & F_CONNINFO) {
+				conninfo_dump(out, *(char *const *)f);
+				continue;
+			} else
+				string_dump(out, *(char *const *)f);
+			break;
+		case T_SECRET:
+		case T_SECRET_ENV:
+		case T_SECRET_FILE:
+			/* Even the variable name and path: they are where a
+			 * misplaced password would end up. */
+			fputs(*(char *const *)f ? "<set>" : "<unset>", out);
+			break;
+		case T_INT:
+			fprintf(out, "%d", *(const int *)f);
+			break;
+		case T_BOOL:
+			fputs(*(const bool *)f ? "true" : "false", out);
+			break;
+		case T_DURATION:
+			fputs(config_fmt_duration(buf, sizeof(buf),
+			    k->flags & F_SECONDS ?
+			    (int64_t)*(const int *)f * 1000 :
+			    *(const int64_t *)f), out);
+			break;
+		case T_SIZE:
+			fputs(config_fmt_size(buf, sizeof(buf),
+			    (int64_t)*(const size_t *)f), out);
+			break;
+		case T_FLOAT:
+			fprintf(out, "%g", *(const double *)f);
+			break;
+		case T_ENUM:
+			fputs(enum_name_of(k, enum_get(c, k)), out);
+			break;
+		case T_NODES: {
+			const struct broker_conf *b = f;
+
+			fputc('[', out);
+			for (size_t j = 0; j < b->n_nodes; j++) {
+				if (j > 0)
+					fputs(", ", out);
+				hostport_dump(out, b->nodes[j].host,
+				    b->nodes[j].port);
+			}
+			fputc(']', out);
+			break;
+		}
+		case T_ADDRESS:
+			if (*(char *const *)f == NULL)
+				fputs("<unset>", out);
+			else
+				hostport_dump(out, *(char *const *)f,
+				    *(const int *)cfield(c, k->off2));
+			break;
+		}
+		fputc('\n', out);
+	}
+}
