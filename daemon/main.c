@@ -216,6 +216,8 @@ run_daemon(struct config *cfg)
 	 * it that long and a margin before the server may end it. */
 	cfg->store.idle_in_transaction_timeout_ms =
 	    cfg->broker.confirm_timeout_ms + 30000;
+	/* Plans that hold up whatever the statistics say (store.c). */
+	cfg->store.index_plans = true;
 	d.store = store_new(&cfg->store);
 	d.broker = broker_new(&cfg->broker);
 	d.relay = relay_new(&cfg->relay, d.store, d.broker);

@@ -21,6 +21,9 @@ struct store_conf {
 	 * server, so a hung instance cannot hold its batch's rows forever.
 	 * 0 = the server's default.  Set from rabbitmq.confirm_timeout. */
 	int64_t idle_in_transaction_timeout_ms;
+	/* The relay's sessions: plans kept on the indexes whatever the
+	 * statistics say (see store_connect).  Off for the CLI. */
+	bool index_plans;
 };
 
 /* Message states, as in seed 001 plus DEAD for exhausted rows. */

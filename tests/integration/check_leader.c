@@ -26,6 +26,7 @@
 #include <amqp_tcp_socket.h>
 #include <hiredis/hiredis.h>
 
+#include "store.h"
 #include "testlib.h"
 
 /* Short lock timings so that failovers fit in a test. */
@@ -1351,6 +1352,110 @@ START_TEST(test_claim_plan_stays_on_indexes)
 }
 END_TEST
 
+/* Tuples read so far from the outbox tables and their indexes, by every
+ * kind of scan: heap tuples of sequential, index and bitmap scans, and
+ * index entries. */
+static long long
+outbox_tuples_read(void)
+{
+	return tl_sql_int(db, "SELECT (SELECT sum(coalesce(seq_tup_read, 0)"
+	    " + coalesce(idx_tup_fetch, 0)) FROM pg_stat_user_tables"
+	    " WHERE relname LIKE 't_transactional_message%%')"
+	    " + (SELECT sum(idx_tup_read) FROM pg_stat_user_indexes"
+	    " WHERE relname LIKE 't_transactional_message%%')");
+}
+
+/* Claims one batch of `limit` on s and rolls it back; returns how many
+ * tuples the claim read, once its session has reported them. */
+static long long
+claim_reads(struct store *s, bool include_retries, int limit,
+    size_t *claimed_rows)
+{
+	struct store_claim_opts co = { .limit = limit,
+		.include_retries = include_retries };
+	struct store_batch b;
+	long long before, after;
+	int64_t deadline;
+
+	/* Our own session's counts (the FK checks of the content rows
+	 * inserted just now) must be in before the snapshot. */
+	tl_sql(db, "SELECT pg_stat_force_next_flush()");
+	before = outbox_tuples_read();
+	ck_assert_msg(store_claim(s, &co, &b) == 0, "claim: %s",
+	    store_error(s));
+	*claimed_rows = b.n;
+	store_abort(s, &b);
+	/* A session reports its counts when idle, at most once a second. */
+	deadline = tl_ms() + 15000;
+	while ((after = outbox_tuples_read()) == before && tl_ms() < deadline)
+		nap_ms(50);
+	ck_assert_msg(after > before, "the claim's reads never showed up in "
+	    "pg_stat_user_tables");
+	return after - before;
+}
+
+/*
+ * The relay's session, with the settings outboxd gives it, claims from a
+ * table it first saw empty.  After five idle claims PostgreSQL caches one
+ * plan, made for an empty table; once a backlog arrives such a plan read
+ * all of it for every batch (every due row sorted, or the whole content
+ * table hashed) until autoanalyze ran (switched off here: a burst meets
+ * it only after a minute or so).  The first claim of the backlog may run
+ * that plan; the ones after it must read about their batch.
+ */
+START_TEST(test_claim_reads_its_batch_after_an_empty_table)
+{
+	enum { BACKLOG = 20000, LIMIT = 100, IDLE_CLAIMS = 8 };
+	struct store_conf conf = { .conninfo =
+		(char *)tl_env("OUTBOXD_PG_CONNINFO"),
+		.connect_timeout_ms = 5000, .application_name = "plan-test",
+		.index_plans = true };
+	struct store *s = store_new(&conf);
+	const bool retries[] = { true, false };	/* claim_all, claim_new */
+
+	tl_sql(db, "ALTER TABLE t_transactional_message"
+	    " SET (autovacuum_enabled = off)");
+	tl_sql(db, "ALTER TABLE t_transactional_message_content"
+	    " SET (autovacuum_enabled = off)");
+	tl_sql(db, "ANALYZE t_transactional_message");
+	tl_sql(db, "ANALYZE t_transactional_message_content");
+	ck_assert_msg(store_connect(s) == 0, "connect: %s", store_error(s));
+	for (int i = 0; i < IDLE_CLAIMS; i++) {
+		for (size_t k = 0; k < 2; k++) {
+			struct store_claim_opts co = { .limit = LIMIT,
+				.include_retries = retries[k] };
+			struct store_batch b;
+
+			ck_assert_msg(store_claim(s, &co, &b) == 0, "claim: %s",
+			    store_error(s));
+			ck_assert_uint_eq(b.n, 0);
+		}
+	}
+	tl_sql(db, "INSERT INTO t_transactional_message (id, queue_name)"
+	    " SELECT g, 'leader.backlog' FROM generate_series(1, %d) g",
+	    BACKLOG);
+	tl_sql(db, "INSERT INTO t_transactional_message_content (message_id,"
+	    " content) SELECT g, '{}' FROM generate_series(1, %d) g", BACKLOG);
+	for (size_t k = 0; k < 2; k++) {
+		size_t n;
+		long long reads;
+
+		(void)claim_reads(s, retries[k], LIMIT, &n);
+		ck_assert_uint_eq(n, LIMIT);
+		reads = claim_reads(s, retries[k], LIMIT, &n);
+		ck_assert_uint_eq(n, LIMIT);
+		ck_assert_msg(reads < 20 * LIMIT, "a claim of %d rows read %lld"
+		    " tuples of a %d-row backlog (%s)", LIMIT, reads, BACKLOG,
+		    retries[k] ? "claim_all" : "claim_new");
+	}
+	store_free(s);
+	tl_sql(db, "ALTER TABLE t_transactional_message"
+	    " RESET (autovacuum_enabled)");
+	tl_sql(db, "ALTER TABLE t_transactional_message_content"
+	    " RESET (autovacuum_enabled)");
+}
+END_TEST
+
 /* --- retention ----------------------------------------------------------- */
 
 /* SUCCESS rows older than relay.retention go, with their content, in
@@ -1544,6 +1649,8 @@ main(void)
 	add(s, "ordering_on", test_ordering_by_key_holds_with_failures);
 	add(s, "ordering_off", test_ordering_off_delivers_all);
 	add(s, "claim_plan", test_claim_plan_stays_on_indexes);
+	add(s, "claim_plan_stale_stats",
+	    test_claim_reads_its_batch_after_an_empty_table);
 	add(s, "retention", test_retention_purges_old_sent_rows);
 	add(s, "rabbitmq_nodes", test_rabbitmq_node_list_skips_dead_node);
 	add(s, "postgres_multi_host", test_postgres_multi_host_conninfo);
