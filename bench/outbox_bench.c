@@ -1084,7 +1084,8 @@ pgload_main(void *arg)
 {
 	struct pgload *l = arg;
 	struct store_conf sc = { .conninfo = (char *)O.conninfo,
-		.connect_timeout_ms = 5000, .application_name = "bench-pgload" };
+		.connect_timeout_ms = 5000, .application_name = "bench-pgload",
+		.index_plans = true };
 	struct store_claim_opts co = { .limit = 1000, .include_retries = true };
 	struct store_mark *marks = xcalloc(1000, sizeof(*marks));
 	struct store *s = store_new(&sc);
@@ -1340,7 +1341,8 @@ static void
 phase_pg(void)
 {
 	struct store_conf sc = { .conninfo = (char *)O.conninfo,
-		.connect_timeout_ms = 5000, .application_name = "bench" };
+		.connect_timeout_ms = 5000, .application_name = "bench",
+		.index_plans = true };
 	struct store_claim_opts co = { .limit = O.batch,
 		.include_retries = true };
 	struct store_mark *marks = xcalloc((size_t)O.batch, sizeof(*marks));
@@ -1689,7 +1691,8 @@ ref_loop(const struct drain_spec *sp, int64_t deadline,
     struct drain_result *r)
 {
 	struct store_conf sc = { .conninfo = (char *)O.conninfo,
-		.connect_timeout_ms = 5000, .application_name = "bench-ref" };
+		.connect_timeout_ms = 5000, .application_name = "bench-ref",
+		.index_plans = true };
 	struct store_mark *marks = xcalloc((size_t)sp->batch, sizeof(*marks));
 	bool window = sp->relay == RELAY_REF_WINDOW;
 	bool pipe = sp->relay == RELAY_REF_PIPE || window;

@@ -29,6 +29,9 @@
  * single-active mode), or only rows never tried (non-leaders, which leave
  * retries to the leader's compensation).  $2 turns per-key ordering on;
  * an empty business_key is no key, as in the message headers.
+ *
+ * The content is a subquery probed by message_id: planned for an empty
+ * table, a join became a walk of the whole content table for each row.
  */
 #define CLAIM_SQL(extra) \
     "WITH due AS (" \
@@ -48,13 +51,13 @@
     "  d.max_retry_times::int4," \
     "  (extract(epoch FROM d.init_backoff) * 1000)::int8," \
     "  d.backoff_factor, extract(epoch FROM d.create_time)::int8," \
-    "  c.content, c.message_id IS NOT NULL," \
+    "  (SELECT c.content FROM t_transactional_message_content c" \
+    "   WHERE c.message_id = d.id)," \
     "  CASE WHEN d.headers IS NULL OR jsonb_typeof(d.headers) = 'object'" \
     "   THEN NULL ELSE 'headers must be a JSON object, not '" \
     "   || jsonb_typeof(d.headers) END," \
     "  h.keys, h.vals" \
     " FROM due d" \
-    " LEFT JOIN t_transactional_message_content c ON c.message_id = d.id" \
     " LEFT JOIN LATERAL (SELECT array_agg(key) AS keys," \
     "   array_agg(value) AS vals FROM jsonb_each_text(CASE WHEN" \
     "   jsonb_typeof(d.headers) = 'object' THEN d.headers END)) h ON true" \
@@ -68,7 +71,7 @@ enum claim_col {
 	COL_ID, COL_EXCHANGE, COL_EXCHANGE_TYPE, COL_ROUTING_KEY,
 	COL_CONTENT_TYPE, COL_MODULE, COL_KEY, COL_RETRIES, COL_MAX_RETRIES,
 	COL_INIT_BACKOFF, COL_FACTOR, COL_CREATED, COL_CONTENT,
-	COL_HAS_CONTENT, COL_ROW_ERROR, COL_HEADER_KEYS, COL_HEADER_VALUES,
+	COL_ROW_ERROR, COL_HEADER_KEYS, COL_HEADER_VALUES,
 	N_CLAIM_COLS
 };
 
@@ -295,15 +298,16 @@ store_connect(struct store *s)
 			goto fail;
 	}
 	/*
-	 * An outbox table's statistics are stale by nature.  Planned from
-	 * statistics of a nearly empty outbox (a new install, a quiet hour),
-	 * the claim reads and sorts every due row, or the whole content
-	 * table, for each batch once a backlog builds up, until autoanalyze
-	 * runs: the benchmark saw a 100,000-row drain take 65 s instead of
-	 * 2.5 s.  Every statement the relay runs is a walk along an index
-	 * or a probe by id, so plans that read a table or a whole index
+	 * An outbox table's statistics are stale by nature, and PostgreSQL
+	 * keeps one plan for a prepared statement after five runs.  Planned
+	 * for a nearly empty outbox (a new install, a quiet hour), the claim
+	 * read and sorted every due row, or hashed the whole content table,
+	 * for each batch once a backlog built up, until autoanalyze ran: a
+	 * benchmark drain of 100,000 rows took 65 s instead of 2.5 s.  Every
+	 * statement the relay and the leader run is a walk along an index or
+	 * a probe by id, so plans that read a table or a whole index
 	 * (sequential and bitmap scans, hash and merge joins) are ruled out
-	 * for its sessions.
+	 * for their sessions.
 	 */
 	if (s->conf.index_plans && exec_command(s, "SET enable_seqscan = off;"
 	    " SET enable_bitmapscan = off; SET enable_hashjoin = off;"
@@ -562,7 +566,8 @@ fill_row(struct store *s, int i, struct outbox_row *r)
 	r->init_backoff_ms = get_int8(res, i, COL_INIT_BACKOFF);
 	r->backoff_factor = get_float8(res, i, COL_FACTOR);
 	r->create_time_s = get_int8(res, i, COL_CREATED);
-	r->has_content = PQgetvalue(res, i, COL_HAS_CONTENT)[0] != 0;
+	/* content is NOT NULL: a null is a missing content row. */
+	r->has_content = !PQgetisnull(res, i, COL_CONTENT);
 	if (r->has_content) {
 		r->content = (const unsigned char *)PQgetvalue(res, i,
 		    COL_CONTENT);
@@ -625,11 +630,11 @@ store_claim(struct store *s, const struct store_claim_opts *opts,
 	batch->rows = NULL;
 	batch->n = 0;
 	snprintf(limit, sizeof(limit), "%d", opts->limit);
-	/* PostgreSQL settles on one cached plan for the claim after five
-	 * runs.  Made while the outbox was empty, that plan reads the whole
-	 * backlog for each batch once one builds up; draining a backlog, a
-	 * plan made for the table as it is now costs 0.2 ms per batch. */
-	if (ensure_prepared(s) == -1 || exec_command(s, s->last_claim_full ?
+	/* Cached plans of the claim were made for the table as it was
+	 * then; while a backlog drains, plan each claim for the table as it
+	 * is (0.2 ms per batch), with the scans of store_connect ruled out. */
+	if (ensure_prepared(s) == -1 || exec_command(s,
+	    s->last_claim_full && s->conf.index_plans ?
 	    "BEGIN; SET LOCAL plan_cache_mode = force_custom_plan" :
 	    "BEGIN") == -1)
 		return -1;
