@@ -1,8 +1,8 @@
 /*
  * Config: reads config/outboxd.yml (libyaml) into a validated struct
  * config.  One table drives parsing, defaults, bounds and reloadability;
- * every error is reported as path:line:col: message.  This is the only
- * file that includes yaml.h.
+ * every error is reported as path:line:col: message.  Only the config
+ * module's files include yaml.h.
  */
 #ifndef OUTBOXD_CONFIG_H
 #define OUTBOXD_CONFIG_H
@@ -57,8 +57,9 @@ int config_load_string(struct config *, const char *name, const char *yaml,
 
 void config_free(struct config *);
 
-/* Writes every key with its current value (secrets as "<set>") — for
- * `outboxd config` and the test that the sample file documents them. */
+/* Writes every key with its current value (secrets, and a password
+ * inside a conninfo, as "<set>") — for `outboxd config` and the test
+ * that the sample file documents them. */
 void config_dump(const struct config *, FILE *);
 
 /* The table's keys ("postgres.conninfo", …), NULL-terminated. */

@@ -81,6 +81,8 @@ usage(FILE *out)
 	    "commands:\n"
 	    "  run              run the daemon in the foreground (default)\n"
 	    "  check            check the config; print \"configuration OK\"\n"
+	    "  config           print the config in effect, defaults filled\n"
+	    "                   in, secrets hidden\n"
 	    "  migrate          apply the schema (sql/ migrations)\n"
 	    "  status           rows per state, oldest due age, dead count\n"
 	    "  dead [--limit N] list dead rows with their last error\n"
@@ -355,6 +357,11 @@ main(int argc, char **argv)
 		return config_check_file(path, stdout) == 0 ? 0 : 2;
 	if (load_config(&cfg, path) == -1)
 		return 2;
+	if (strcmp(command, "config") == 0) {
+		config_dump(&cfg, stdout);
+		config_free(&cfg);
+		return fflush(stdout) == 0 ? 0 : 1;
+	}
 	log_set_level(cfg.log_level);
 	if (strcmp(command, "run") == 0)
 		rc = run_daemon(&cfg);

@@ -592,7 +592,7 @@ END_TEST
 
 START_TEST(test_check_config_and_usage)
 {
-	char good[512], bad[600], out[8192], err[8192], want[700];
+	char good[512], bad[600], shown[600], out[8192], err[8192], want[700];
 	const char *dir = tl_env("OUTBOXD_SERVERS_DIR");
 
 	tl_config_write(good, sizeof(good), "relay.batch_size: 250\n");
@@ -618,9 +618,30 @@ START_TEST(test_check_config_and_usage)
 	ck_assert_msg(strstr(out, want) != NULL, "no %s in: %s", want, out);
 	snprintf(want, sizeof(want), "%s:3:3: unknown key", bad);
 	ck_assert_msg(strstr(out, want) != NULL, "no %s in: %s", want, out);
-	/* `run` refuses it as well, at once. */
+	/* `run` refuses it as well, at once, and `config` prints the
+	 * errors, not half a config. */
 	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
 	    bad, "run", NULL), 2);
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    bad, "config", NULL), 2);
+	ck_assert_msg(out[0] == '\0' && strstr(err, "relay.batch_size") !=
+	    NULL, "config of a bad file: out: %s err: %s", out, err);
+
+	/* `config` prints what is in effect: the file's values, the
+	 * defaults for the rest, and no secret. */
+	snprintf(shown, sizeof(shown), "%s/shown-%d.yml", dir, (int)getpid());
+	spit(shown, "postgres:\n  conninfo: \"postgresql://app:pg-s3cret@db:5433"
+	    "/outbox\"\nrabbitmq:\n  password: amqp-s3cret\nrelay:\n"
+	    "  batch_size: 250\n", 0600);
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    shown, "config", NULL), 0);
+	ck_assert_msg(strstr(out, "relay.batch_size: 250\n") != NULL &&
+	    strstr(out, "relay.workers: 2\n") != NULL &&
+	    strstr(out, "rabbitmq.password: <set>\n") != NULL &&
+	    strstr(out, "postgresql://app:<set>@db:5433/outbox") != NULL,
+	    "config: %s", out);
+	ck_assert_msg(strstr(out, "s3cret") == NULL &&
+	    strstr(err, "s3cret") == NULL, "a secret shown: %s%s", out, err);
 
 	/* Usage errors are 2. */
 	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
