@@ -478,6 +478,9 @@ idle_timeout(struct relay *r, int64_t max_wait_ms)
 	int64_t wait = r->conf.poll_interval_ms, due;
 
 	if (store_next_due_in(r->store, r->include_retries, &due) == -1) {
+		log_error("next-due query failed", "error=%s",
+		    log_quote((char[600]){ 0 }, 600, store_error(r->store)));
+		r->stats.store_errors++;
 		store_disconnect(r->store);
 		return 0;
 	}

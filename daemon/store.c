@@ -91,12 +91,23 @@ static const char mark_failed_sql[] =
     "  AS u(id, status, delay_ms, error)"
     " WHERE t.id = u.id";
 
+/*
+ * Milliseconds until the earliest unsent row is due: NULL when there is
+ * none, 0 when one is due already.  A NULL or infinite schedule is
+ * clamped before the subtraction, which failed on them ("cannot
+ * subtract infinite timestamps").  ORDER BY the due index's expression
+ * and LIMIT 1 read one entry of it whatever the statistics say, where
+ * min() could be planned as a read of every unsent row.
+ */
 #define NEXT_DUE_SQL(extra) \
-    "SELECT (extract(epoch FROM min(coalesce(next_schedule_time," \
-    " '-infinity'::timestamptz)) - now()) * 1000)::int8" \
+    "SELECT (extract(epoch FROM (" \
+    " SELECT least(greatest(next_schedule_time, now())," \
+    "  now() + interval '1 day')" \
     " FROM t_transactional_message" \
     " WHERE message_status IN (0, 2) AND NOT deleted" \
-    " AND current_retry_times < max_retry_times" extra
+    " AND current_retry_times < max_retry_times" extra \
+    " ORDER BY coalesce(next_schedule_time, '-infinity'::timestamptz)" \
+    " LIMIT 1) - now()) * 1000)::int8"
 
 static const char next_due_all_sql[] = NEXT_DUE_SQL("");
 static const char next_due_new_sql[] = NEXT_DUE_SQL(

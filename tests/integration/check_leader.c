@@ -1463,6 +1463,60 @@ START_TEST(test_claim_reads_its_batch_after_an_empty_table)
 }
 END_TEST
 
+/* store_next_due_in on the session, for claim_all and claim_new rows:
+ * asserts the call succeeds and that both forms agree. */
+static int64_t
+next_due_ms(struct store *s)
+{
+	int64_t all, fresh;
+
+	ck_assert_msg(store_next_due_in(s, true, &all) == 0, "next due: %s",
+	    store_error(s));
+	ck_assert_msg(store_next_due_in(s, false, &fresh) == 0, "next due: "
+	    "%s", store_error(s));
+	ck_assert_int_eq(all, fresh);
+	return all;
+}
+
+/*
+ * When the relay's claim leaves a due row behind (locked by another
+ * relay, or behind an older row of its key), it asks when the next row
+ * is due.  A row whose schedule is NULL (due now, as producers may
+ * write it) or infinite made that query fail, and the relay dropped its
+ * session after every such cycle.
+ */
+START_TEST(test_next_due_with_null_and_infinite_schedules)
+{
+	struct store_conf conf = { .conninfo =
+		(char *)tl_env("OUTBOXD_PG_CONNINFO"),
+		.connect_timeout_ms = 5000, .application_name = "next-due-test",
+		.index_plans = true };
+	struct store *s = store_new(&conf);
+	int64_t ms;
+
+	ck_assert_msg(store_connect(s) == 0, "connect: %s", store_error(s));
+	ck_assert_int_eq(next_due_ms(s), -1);	/* nothing unsent */
+	tl_sql(db, "INSERT INTO t_transactional_message (queue_name,"
+	    " next_schedule_time) VALUES ('leader.due', 'infinity')");
+	ms = next_due_ms(s);
+	ck_assert_msg(ms > 3600000, "an infinite schedule: %lld ms",
+	    (long long)ms);
+	tl_sql(db, "INSERT INTO t_transactional_message (queue_name,"
+	    " next_schedule_time) VALUES ('leader.due', now() + interval"
+	    " '60 s')");
+	ms = next_due_ms(s);
+	ck_assert_msg(ms > 50000 && ms <= 60000, "due in 60 s: %lld ms",
+	    (long long)ms);
+	tl_sql(db, "INSERT INTO t_transactional_message (queue_name,"
+	    " next_schedule_time) VALUES ('leader.due', NULL)");
+	ck_assert_int_eq(next_due_ms(s), 0);
+	tl_sql(db, "UPDATE t_transactional_message SET next_schedule_time ="
+	    " '-infinity' WHERE next_schedule_time IS NULL");
+	ck_assert_int_eq(next_due_ms(s), 0);
+	store_free(s);
+}
+END_TEST
+
 /* --- retention ----------------------------------------------------------- */
 
 /* SUCCESS rows older than relay.retention go, with their content, in
@@ -1658,6 +1712,7 @@ main(void)
 	add(s, "claim_plan", test_claim_plan_stays_on_indexes);
 	add(s, "claim_plan_stale_stats",
 	    test_claim_reads_its_batch_after_an_empty_table);
+	add(s, "next_due", test_next_due_with_null_and_infinite_schedules);
 	add(s, "retention", test_retention_purges_old_sent_rows);
 	add(s, "rabbitmq_nodes", test_rabbitmq_node_list_skips_dead_node);
 	add(s, "postgres_multi_host", test_postgres_multi_host_conninfo);
