@@ -626,19 +626,6 @@ struct consumer {
 	char err[256];
 };
 
-static bool
-parse_id(amqp_bytes_t s, int64_t *id)
-{
-	char buf[24], *end;
-
-	if (s.len == 0 || s.len >= sizeof(buf))
-		return false;
-	memcpy(buf, s.bytes, s.len);
-	buf[s.len] = '\0';
-	*id = strtoll(buf, &end, 10);
-	return *end == '\0';
-}
-
 static void
 consumer_got(struct consumer *k, const amqp_envelope_t *env, int64_t t)
 {
@@ -652,8 +639,8 @@ consumer_got(struct consumer *k, const amqp_envelope_t *env, int64_t t)
 		return;
 	}
 	if (!(p->_flags & AMQP_BASIC_MESSAGE_ID_FLAG) ||
-	    !parse_id(p->message_id, &id) || id < k->lo ||
-	    id >= k->lo + k->n) {
+	    !int64_parse(p->message_id.bytes, p->message_id.len, &id) ||
+	    id < k->lo || id >= k->lo + k->n) {
 		k->strays++;
 		return;
 	}

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "log.h"
+#include "util.h"
 
 #define DRAIN_EVERY 64		/* publishes between reads of the acks */
 #define SHORTSTR_MAX 255	/* AMQP short strings: names, keys */
@@ -421,20 +422,6 @@ window_confirm(struct batch *bt, uint64_t tag, bool multiple, bool ack)
 		w->lo++;
 }
 
-static bool
-parse_id(amqp_bytes_t s, int64_t *id)
-{
-	char buf[24], *end;
-
-	if (s.len == 0 || s.len >= sizeof(buf))
-		return false;
-	memcpy(buf, s.bytes, s.len);
-	buf[s.len] = '\0';
-	errno = 0;
-	*id = strtoll(buf, &end, 10);
-	return errno == 0 && *end == '\0';
-}
-
 /* The in-flight message with this outbox id, or (size_t)-1. */
 static size_t
 window_find_id(struct batch *bt, int64_t id)
@@ -484,7 +471,7 @@ return_header(struct batch *bt, const amqp_frame_t *f)
 		return;
 	b->want_return_header = false;
 	if (!(p->_flags & AMQP_BASIC_MESSAGE_ID_FLAG) ||
-	    !parse_id(p->message_id, &id) ||
+	    !int64_parse(p->message_id.bytes, p->message_id.len, &id) ||
 	    (i = window_find_id(bt, id)) == (size_t)-1) {
 		log_warn("basic.return for an unknown message", "reason=%s",
 		    log_quote((char[300]){ 0 }, 300, b->return_reason));

@@ -168,3 +168,17 @@ duration_format(char *buf, size_t size, int64_t ms)
 		snprintf(buf, size, "%" PRId64 "ms", ms);
 	return buf;
 }
+
+bool
+int64_parse(const char *s, size_t len, int64_t *out)
+{
+	char buf[24], *end;
+
+	if (len == 0 || len >= sizeof(buf))
+		return false;
+	memcpy(buf, s, len);
+	buf[len] = '\0';
+	errno = 0;
+	*out = strtoll(buf, &end, 10);
+	return errno == 0 && *end == '\0';
+}

@@ -6,6 +6,7 @@
 #define OUTBOXD_UTIL_H
 
 #include <stddef.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #define WARN_UNUSED __attribute__((warn_unused_result))
@@ -43,5 +44,9 @@ void sleep_ms(int64_t ms, volatile int *stop);
 int duration_parse(const char *, int64_t *ms);
 /* Formats ms in the largest unit that is exact ("1h", "1500ms"). */
 char *duration_format(char *buf, size_t size, int64_t ms);
+
+/* Parses s[0..len) as a whole decimal int64 (a message_id, say): false
+ * for an empty, overlong, partly numeric or out-of-range text. */
+bool int64_parse(const char *s, size_t len, int64_t *out);
 
 #endif

@@ -35,6 +35,22 @@ START_TEST(test_duration_parse_table)
 }
 END_TEST
 
+START_TEST(test_int64_parse)
+{
+	int64_t v = 0;
+
+	ck_assert(int64_parse("42", 2, &v) && v == 42);
+	ck_assert(int64_parse("-7", 2, &v) && v == -7);
+	ck_assert(int64_parse("9223372036854775807", 19, &v) &&
+	    v == INT64_MAX);
+	ck_assert(int64_parse("123x", 3, &v) && v == 123); /* len counts */
+	ck_assert(!int64_parse("", 0, &v));
+	ck_assert(!int64_parse("12a", 3, &v));
+	ck_assert(!int64_parse("9223372036854775808", 19, &v));
+	ck_assert(!int64_parse("123456789012345678901234", 24, &v));
+}
+END_TEST
+
 START_TEST(test_duration_format_roundtrip)
 {
 	static const int64_t values[] = { 0, 1, 999, 1000, 1500, 60000,
@@ -98,6 +114,7 @@ main(void)
 
 	tcase_add_test(tc, test_duration_parse_table);
 	tcase_add_test(tc, test_duration_format_roundtrip);
+	tcase_add_test(tc, test_int64_parse);
 	tcase_add_test(tc, test_log_quote);
 	tcase_add_test(tc, test_log_level_parse);
 	suite_add_tcase(s, tc);
