@@ -169,9 +169,11 @@ clean:
 # with clang and ASan + UBSan + LeakSanitizer from the daemon sources each
 # one needs (not from the gcc-built liboutboxd.a).  `make fuzz` shares
 # FUZZ_SECONDS (default 60) among them and fails on any crash, leak,
-# timeout or broken invariant; `make fuzz-long` gives them
-# FUZZ_LONG_SECONDS.  `make test` fixes the seed (FUZZ_SEED=1), so its
-# run is the same every time; the others explore anew.  Needs clang and
+# timeout or broken invariant that the failing input reproduces
+# (tests/fuzz/run.sh); `make fuzz-long` gives them FUZZ_LONG_SECONDS.
+# `make test` fixes the seed (FUZZ_SEED=1), so its inputs come in the
+# same order every time (how far it gets depends on the machine's speed);
+# the others explore anew.  Needs clang and
 # libclang-rt-14-dev (Debian 12).
 FUZZ_CC           ?= clang
 FUZZ_SECONDS      ?= 60

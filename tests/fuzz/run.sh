@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Runs libFuzzer targets for a bounded time and fails on any crash, leak,
-# timeout or broken invariant.  Called by `make fuzz` and `make fuzz-long`.
+# timeout or broken invariant that its input reproduces; a failure that
+# replaying its input does not reproduce is reported and the target run
+# again, and fails the run the second time.  Called by `make fuzz` and
+# `make fuzz-long`.
 #
 #   tests/fuzz/run.sh SECONDS build/fuzz/fuzz_config build/fuzz/fuzz_...
 #
@@ -13,7 +16,7 @@
 # FUZZ_SEED=N fixes libFuzzer's seed.
 set -uo pipefail
 
-[ $# -ge 2 ] || { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[ $# -ge 2 ] || { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 total=$1
 shift
 out=build/fuzz
@@ -33,6 +36,7 @@ done
 
 passed=0
 failed=()
+flaky=()
 for bin in "$@"; do
 	name=${bin##*/fuzz_}
 	secs=$((total * $(weight "$name") / sum))
@@ -55,11 +59,46 @@ for bin in "$@"; do
 		grep -E '^(Done|stat::number_of_executed_units|#[0-9]+ +DONE)' \
 			"$out/$name.log" | head -3
 		passed=$((passed + 1))
+		continue
+	fi
+	tail -40 "$out/$name.log"
+	echo "fuzz_$name FAILED (log: $out/$name.log)"
+	# A failure its input reproduces is a bug.  One that it does not
+	# (the machine stalled past the timeout, a sanitizer could not
+	# run) is reported, and the target runs once more: a second
+	# failure fails the run.
+	unit=$(sed -n 's/.*Test unit written to \(.*\)$/\1/p' \
+		"$out/$name.log" | tail -1)
+	if [ -n "$unit" ] && [ -f "$unit" ] && ! "$bin" -timeout=10 \
+		-rss_limit_mb=2048 "$unit" >"$out/$name.replay.log" 2>&1; then
+		failed+=("$name")
+		continue
+	fi
+	flaky+=("$name")
+	cp "$out/$name.log" "$out/$name.first.log"
+	echo "== fuzz_$name: the failure did not reproduce from its input" \
+		"(${unit:-none written}); running it again"
+	if "$bin" "${opts[@]}" "$work" "$seeds" >"$out/$name.log" 2>&1; then
+		grep -E '^(Done|stat::number_of_executed_units)' \
+			"$out/$name.log" | head -2
+		passed=$((passed + 1))
 	else
 		tail -40 "$out/$name.log"
-		echo "fuzz_$name FAILED (log: $out/$name.log)"
+		echo "fuzz_$name FAILED again (log: $out/$name.log)"
 		failed+=("$name")
 	fi
 done
-echo "fuzz: $passed passed, ${#failed[@]} failed"
+# Each failure's reason and input again, last: a CI report that keeps
+# only the end of the output still says what broke and how to replay it.
+reasons='^(fuzz: |==[0-9]+== ?(ERROR|LeakSanitizer|WARNING)|ALARM: |SUMMARY: |[a-zA-Z/_.-]+:[0-9]+:[0-9]+: runtime error|artifact_prefix|Test unit written|Base64: )'
+for name in "${flaky[@]}"; do
+	echo "-- fuzz_$name failed once, not reproduced by its input:"
+	grep -E "$reasons" "$out/$name.first.log" | cut -c1-400 | head -12
+done
+for name in "${failed[@]}"; do
+	echo "-- fuzz_$name failed:"
+	grep -E "$reasons" "$out/$name.log" | cut -c1-400 | head -12
+done
+echo "fuzz: $passed passed, ${#failed[@]} failed, ${#flaky[@]} failed once" \
+	"without reproducing"
 [ ${#failed[@]} -eq 0 ]
