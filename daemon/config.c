@@ -18,6 +18,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <libpq-fe.h>
+
 #include "backoff.h"
 #include "config_value.h"
 #include "log.h"
@@ -963,6 +965,69 @@ section_mark(struct loader *L, const char *section)
 	return m;
 }
 
+/* Whether a conninfo may hold a password: a password keyword or
+ * parameter, or a URI's user:password@. */
+static bool
+conninfo_may_hold_password(const char *s)
+{
+	const char *auth = strstr(s, "://");
+
+	if (strstr(s, "password") != NULL)
+		return true;
+	if (auth == NULL)
+		return false;
+	auth += 3;
+	for (const char *c = auth; *c != '\0' && *c != '/'; c++)
+		if (*c == '@')
+			return memchr(auth, ':', (size_t)(c - auth)) != NULL;
+	return false;
+}
+
+/*
+ * A conninfo libpq cannot read fails here, in `outboxd check`, not at
+ * the first connection; and the dump's redaction can rely on libpq's
+ * reading of it.  libpq's message quotes the text it stumbled on, so it
+ * is shown only when that text cannot be part of a password.
+ */
+static void
+conninfo_check(struct loader *L)
+{
+	const char *ci = L->c->store.conninfo;
+	int ki = key_find("postgres.conninfo");
+	const yaml_mark_t *m = L->seen[ki].given ? &L->seen[ki].val_mark :
+	    NULL;
+	PQconninfoOption *opts;
+	char *err = NULL;
+
+	if (ci == NULL)
+		return;
+	opts = PQconninfoParse(ci, &err);
+	if (opts != NULL) {
+		PQconninfoFree(opts);
+		return;
+	}
+	if (err == NULL) {
+		fprintf(stderr, "outboxd: out of memory parsing a conninfo\n");
+		abort();
+	}
+	if (conninfo_may_hold_password(ci)) {
+		problem(L, m, "postgres.conninfo: libpq cannot parse it (its "
+		    "message is not shown: it may quote the password); a "
+		    "value with spaces or quotes goes in single quotes, "
+		    "with \\' and \\\\ inside");
+	} else {
+		size_t n = strlen(err);
+
+		while (n > 0 && (err[n - 1] == '\n' || err[n - 1] == ' '))
+			err[--n] = '\0';
+		for (char *c = err; *c != '\0'; c++)
+			if ((unsigned char)*c < ' ' || *c == 0x7f)
+				*c = '?';
+		problem(L, m, "postgres.conninfo: %s", err);
+	}
+	PQfreemem(err);
+}
+
 /* Rules that span several keys. */
 static void
 cross_check(struct loader *L)
@@ -972,6 +1037,7 @@ cross_check(struct loader *L)
 	int ki;
 
 	secrets_resolve(L);
+	conninfo_check(L);
 	if ((b->tls_cert_file == NULL) != (b->tls_key_file == NULL)) {
 		bool cert = b->tls_cert_file != NULL;
 

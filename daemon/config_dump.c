@@ -66,7 +66,9 @@ uri_key_is_password(const char *k, size_t n)
  * "?" or "#"), decodes %-escapes in parameter names and ends a value at
  * any white space, "\r" too, takes parameters only after the first "?"
  * that follows the user info, and looks for that user info past a "?"
- * up to the first "/".  The rest is escaped as string_dump does (a
+ * up to the first "/"; in the keyword form, a backslash escapes a space
+ * in an unquoted value, and a quoted value may run straight into the
+ * next keyword.  The rest is escaped as string_dump does (a
  * newline in the conninfo once split the dump's line).
  */
 static void
@@ -149,13 +151,22 @@ conninfo_dump(FILE *out, const char *s)
 			if (*p == '\'')
 				p++;
 		} else {
-			p += strcspn(p, CONNINFO_SPACE);
+			/* A backslash escapes the next byte, a space too. */
+			for (; *p != '\0' && strchr(CONNINFO_SPACE, *p) == NULL;
+			    p++)
+				if (*p == '\\' && p[1] != '\0')
+					p++;
 		}
 		escaped_write(out, kw, (size_t)(v - kw));
-		if (kwlen == 8 && strncmp(kw, "password", 8) == 0)
+		if (kwlen == 8 && strncmp(kw, "password", 8) == 0) {
 			fputs("<set>", out);
-		else
+			/* A quoted value may be followed by the next keyword
+			 * with no space; the bare <set> needs one. */
+			if (*p != '\0' && strchr(CONNINFO_SPACE, *p) == NULL)
+				fputc(' ', out);
+		} else {
 			escaped_write(out, v, (size_t)(p - v));
+		}
 	}
 	fputs("\"\n", out);
 }

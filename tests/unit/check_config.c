@@ -20,6 +20,9 @@
 
 /* A password no output may ever contain. */
 #define SECRET "s3cr3t-Hunter2-do-not-print"
+#define CONNINFO_HIDDEN "postgres.conninfo: libpq cannot parse it (its " \
+	"message is not shown: it may quote the password); a value with " \
+	"spaces or quotes goes in single quotes, with \\' and \\\\ inside"
 
 /* What one load produced: its return, errors and (if it loaded) dump. */
 struct result {
@@ -407,6 +410,16 @@ static const struct value_case {
 	    "\"/ca.pem\"" },
 	{ "postgres.conninfo", "[a]", "!postgres.conninfo: expected a "
 	    "string, got a list" },
+	/* What libpq cannot parse fails at load, with libpq's message
+	 * unless the text may hold a password. */
+	{ "postgres.conninfo", "hots=x", "!postgres.conninfo: invalid "
+	    "connection option \"hots\"" },
+	{ "postgres.conninfo", "\"ho\\x01st=h\"", "!postgres.conninfo: "
+	    "invalid connection option \"ho?st\"" },
+	{ "postgres.conninfo", "\"host=h password='" SECRET "'junk\"",
+	    "!" CONNINFO_HIDDEN },
+	{ "postgres.conninfo", "\"postgresql://u:" SECRET "@h?junk\"",
+	    "!" CONNINFO_HIDDEN },
 	/* int */
 	{ "relay.workers", "16", "relay.workers: 16" },
 	{ "relay.workers", "0", "!relay.workers: must be between 1 and 16, "
@@ -955,8 +968,12 @@ static const struct conninfo_case {
 	    "postgresql://a&password=q/&u:pw@c" },
 	/* The "/" that ended libpq's search for user info was inside the
 	 * redacted value: one goes before the "?" instead. */
-	{ "postgresql://?password=q/&u:pw@c",
-	    "postgresql:///?password=<set>&u:pw@c" },
+	{ "postgresql://?password=q/&user=a@c",
+	    "postgresql:///?password=<set>&user=a@c" },
+	/* A backslash escapes a space in an unquoted value; a quoted value
+	 * may run into the next keyword (found by fuzz_config). */
+	{ "password=" SECRET "\\ tail host=x", "password=<set> host=x" },
+	{ "password='" SECRET "'host=x", "password=<set> host=x" },
 	/* User info ends at the first "@": the query after it counts. */
 	{ "postgresql://u@h?password=" SECRET "@x",
 	    "postgresql://u@h/?password=<set>" },
