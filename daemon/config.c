@@ -970,17 +970,10 @@ section_mark(struct loader *L, const char *section)
 static bool
 conninfo_may_hold_password(const char *s)
 {
-	const char *auth = strstr(s, "://");
+	const char *at;
 
-	if (strstr(s, "password") != NULL)
-		return true;
-	if (auth == NULL)
-		return false;
-	auth += 3;
-	for (const char *c = auth; *c != '\0' && *c != '/'; c++)
-		if (*c == '@')
-			return memchr(auth, ':', (size_t)(c - auth)) != NULL;
-	return false;
+	return strstr(s, "password") != NULL ||
+	    conninfo_uri_password(s, &at) != NULL;
 }
 
 /*

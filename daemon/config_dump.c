@@ -57,6 +57,29 @@ uri_key_is_password(const char *k, size_t n)
 	return j == sizeof(want) - 1;
 }
 
+bool
+conninfo_is_uri(const char *s)
+{
+	return strncmp(s, "postgresql://", 13) == 0 ||
+	    strncmp(s, "postgres://", 11) == 0;
+}
+
+const char *
+conninfo_uri_password(const char *s, const char **at)
+{
+	const char *auth, *end;
+
+	if (!conninfo_is_uri(s))
+		return NULL;
+	auth = strstr(s, "://") + 3;
+	end = auth + strcspn(auth, "/");
+	*at = NULL;
+	for (const char *c = auth; c < end; c++)
+		if (*c == '@')
+			*at = c;
+	return *at ? memchr(auth, ':', (size_t)(*at - auth)) : NULL;
+}
+
 /*
  * Writes a conninfo with any password replaced by <set>: both the
  * keyword form (password=x, password='a b') and the URI forms
@@ -77,21 +100,13 @@ conninfo_dump(FILE *out, const char *s)
 	const char *p = s;
 
 	fputc('"', out);
-	if (strncmp(s, "postgresql://", 13) == 0 ||
-	    strncmp(s, "postgres://", 11) == 0) {
+	if (conninfo_is_uri(s)) {
 		const char *auth = strstr(s, "://") + 3;
 		const char *end = auth + strcspn(auth, "/");
-		const char *first_at = NULL, *at = NULL, *colon, *query;
+		const char *first_at = memchr(auth, '@', (size_t)(end - auth));
+		const char *at = NULL, *query;
+		const char *colon = conninfo_uri_password(s, &at);
 
-		for (const char *c = auth; c < end; c++) {
-			if (*c == '@' && first_at == NULL)
-				first_at = c;
-			if (*c == '@')
-				at = c;
-		}
-		/* Up to the last "@": a password holding an "@" is
-		 * hidden whole, whatever libpq makes of it. */
-		colon = at ? memchr(auth, ':', (size_t)(at - auth)) : NULL;
 		if (colon != NULL) {
 			escaped_write(out, s, (size_t)(colon + 1 - s));
 			fputs("<set>", out);

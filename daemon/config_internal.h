@@ -98,4 +98,11 @@ char *cfg_secret_file_read(const char *path, char *why, size_t whysz);
 /* Zeroes libyaml's copy of every password value before it is freed. */
 void cfg_document_wipe_secrets(yaml_document_t *doc);
 
+/* Whether a conninfo is libpq's URI form. */
+bool conninfo_is_uri(const char *s);
+/* In a URI conninfo, the ":" before a password in the user info, which
+ * runs up to the last "@" (*at) before the first "/" (a password
+ * holding an "@" counts whole); NULL if there is none. */
+const char *conninfo_uri_password(const char *s, const char **at);
+
 #endif
