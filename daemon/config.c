@@ -1013,10 +1013,8 @@ conninfo_check(struct loader *L)
 
 		while (n > 0 && (err[n - 1] == '\n' || err[n - 1] == ' '))
 			err[--n] = '\0';
-		for (char *c = err; *c != '\0'; c++)
-			if ((unsigned char)*c < ' ' || *c == 0x7f)
-				*c = '?';
-		problem(L, m, "postgres.conninfo: %s", err);
+		problem(L, m, "postgres.conninfo: %s",
+		    str_replace_controls(err, '?'));
 	}
 	PQfreemem(err);
 }

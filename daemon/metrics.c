@@ -250,13 +250,10 @@ void
 metrics_set_health(bool ok, const char *reason)
 {
 	char clean[sizeof(reg.health_reason)];
-	size_t i;
 
 	/* The reason ends up in an HTTP body line: keep it on one line. */
 	strfmt(clean, sizeof(clean), "%s", reason != NULL ? reason : "");
-	for (i = 0; clean[i] != '\0'; i++)
-		if ((unsigned char)clean[i] < ' ' || clean[i] == 0x7f)
-			clean[i] = ' ';
+	str_replace_controls(clean, ' ');
 	reg_lock();
 	reg.healthy = ok;
 	memcpy(reg.health_reason, clean, sizeof(clean));

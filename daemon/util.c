@@ -107,6 +107,15 @@ strfmt(char *buf, size_t size, const char *fmt, ...)
 	return buf;
 }
 
+char *
+str_replace_controls(char *s, char with)
+{
+	for (char *c = s; *c != '\0'; c++)
+		if ((unsigned char)*c < ' ' || *c == 0x7f)
+			*c = with;
+	return s;
+}
+
 void
 sleep_ms(int64_t ms, volatile int *stop)
 {

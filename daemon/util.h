@@ -33,6 +33,10 @@ void secret_free(char *);
 char *strfmt(char *buf, size_t size, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* Replaces every control byte of s (below ' ', and DEL) with `with`, so
+ * that outside text stays on one line; returns s. */
+char *str_replace_controls(char *s, char with);
+
 /* Sleeps for ms milliseconds, restarting after signals unless
  * *stop becomes non-zero (stop may be NULL). */
 void sleep_ms(int64_t ms, volatile int *stop);

@@ -92,6 +92,14 @@ START_TEST(test_log_quote)
 }
 END_TEST
 
+START_TEST(test_str_replace_controls)
+{
+	char s[] = "a\tb\nc\x7f d\x01";
+
+	ck_assert_str_eq(str_replace_controls(s, '?'), "a?b?c? d?");
+}
+END_TEST
+
 START_TEST(test_log_level_parse)
 {
 	enum log_level l;
@@ -117,6 +125,7 @@ main(void)
 	tcase_add_test(tc, test_int64_parse);
 	tcase_add_test(tc, test_log_quote);
 	tcase_add_test(tc, test_log_level_parse);
+	tcase_add_test(tc, test_str_replace_controls);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
