@@ -34,6 +34,12 @@ for bin in "$@"; do
 	sum=$((sum + $(weight "$name")))
 done
 
+# How much a passing run did, from its log.
+pass_stats() {
+	grep -E '^(Done|stat::number_of_executed_units|#[0-9]+ +DONE)' \
+		"$out/$1.log" | head -3
+}
+
 passed=0
 failed=()
 flaky=()
@@ -56,8 +62,7 @@ for bin in "$@"; do
 	# New inputs go to the first directory only: the seeds stay as
 	# they are.  The log is kept whole; the summary is shown.
 	if "$bin" "${opts[@]}" "$work" "$seeds" >"$out/$name.log" 2>&1; then
-		grep -E '^(Done|stat::number_of_executed_units|#[0-9]+ +DONE)' \
-			"$out/$name.log" | head -3
+		pass_stats "$name"
 		passed=$((passed + 1))
 		continue
 	fi
@@ -79,8 +84,7 @@ for bin in "$@"; do
 	echo "== fuzz_$name: the failure did not reproduce from its input" \
 		"(${unit:-none written}); running it again"
 	if "$bin" "${opts[@]}" "$work" "$seeds" >"$out/$name.log" 2>&1; then
-		grep -E '^(Done|stat::number_of_executed_units)' \
-			"$out/$name.log" | head -2
+		pass_stats "$name"
 		passed=$((passed + 1))
 	else
 		tail -40 "$out/$name.log"
