@@ -1231,7 +1231,7 @@ raw_run(int nconn, int nq, bool live, long pg_rate, struct raw_result *r)
 /*
  * Fills the queues with n messages over one connection, untimed, and
  * purges them.  A classic queue confirms more slowly while it fills for
- * the first time after a live-consumer run (4-14% in alternating pairs)
+ * the first time after a live-consumer run (4-16% in 7 of 8 pairs)
  * or after the broker started (about a quarter) than when it has just
  * filled and been purged, whoever publishes: the queue-fills run that
  * came first after the live ones used to lose (docs/PERFORMANCE.md,
