@@ -1230,13 +1230,13 @@ raw_run(int nconn, int nq, bool live, long pg_rate, struct raw_result *r)
 
 /*
  * Fills the queues with n messages over one connection, untimed, and
- * purges them.  A classic queue confirms more slowly while it fills for
- * the first time after a live-consumer run (4-16% in 7 of 8 pairs)
- * or after the broker started (about a quarter) than when it has just
- * filled and been purged, whoever publishes: the queue-fills run that
- * came first after the live ones used to lose (docs/PERFORMANCE.md,
- * "The first fill after a live run").  Every queue-fills figure, raw or
- * drain, starts after one of these.
+ * purges them.  Whoever publishes, a classic queue usually confirms
+ * more slowly on its first fill after a live-consumer run (in 10 of 12
+ * alternating pairs, by 4-28%) or after the broker started (by about a
+ * quarter) than on a fill right after another fill and purge: the
+ * queue-fills run that came first after the live ones used to lose
+ * (docs/PERFORMANCE.md, "The first fill after a live run").  Every
+ * queue-fills figure, raw or drain, starts after one of these.
  */
 static void
 fills_warm_up(int nq, long n)
