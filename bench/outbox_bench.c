@@ -1139,12 +1139,14 @@ pgload_main(void *arg)
 /*
  * Publishes for O.raw_s seconds over nconn connections to nq queues
  * (more queues than connections: a share each; fewer: they take turns
- * on them).  live: one consumer empties the queues meanwhile, as during
- * a drain; otherwise the queues fill and are counted afterwards.
+ * on them); or, with limit > 0, limit messages per connection.  live:
+ * one consumer empties the queues meanwhile, as during a drain;
+ * otherwise the queues fill, are counted afterwards and purged.
  * pg_rate > 0: PostgreSQL claims and marks that many rows/s meanwhile.
  */
 static void
-raw_run(int nconn, int nq, bool live, long pg_rate, struct raw_result *r)
+raw_run(int nconn, int nq, bool live, long pg_rate, int64_t limit,
+    struct raw_result *r)
 {
 	struct publisher pubs[MAX_CONNS];
 	pthread_barrier_t start;
@@ -1183,7 +1185,9 @@ raw_run(int nconn, int nq, bool live, long pg_rate, struct raw_result *r)
 		}
 		p->start = &start;
 		p->seq = (int64_t)i * 1000000000;
-		p->stop_us = t0 + 2000000 + (int64_t)O.raw_s * 1000000;
+		p->stop_us = t0 + 2000000 + (limit > 0 ? 300000000 :
+		    (int64_t)O.raw_s * 1000000);
+		p->limit = limit;
 		if (pthread_create(&p->th, NULL, publisher_main, p) != 0)
 			die("pthread_create failed");
 	}
@@ -1241,28 +1245,12 @@ raw_run(int nconn, int nq, bool live, long pg_rate, struct raw_result *r)
 static void
 fills_warm_up(int nq, long n)
 {
-	struct publisher pb;
-	pthread_barrier_t start;
+	struct raw_result r;
 
-	memset(&pb, 0, sizeof(pb));
-	for (int q = 0; q < nq; q++)
-		pb.queues[pb.nq++] = bench_queues[q];
-	pb.start = &start;
-	pb.limit = n;
-	pb.stop_us = us_now() + 300000000;
-	mq_fresh_queues(bench_queues, nq);
-	pthread_barrier_init(&start, NULL, 2);
-	if (pthread_create(&pb.th, NULL, publisher_main, &pb) != 0)
-		die("pthread_create failed");
-	pthread_barrier_wait(&start);
-	pthread_join(pb.th, NULL);
-	pthread_barrier_destroy(&start);
-	if (pb.err[0] != '\0')
-		die("warm-up publish: %s", pb.err);
-	if (pb.confirmed != n)
-		die("warm-up publish: %" PRId64 " of %ld confirmed",
-		    pb.confirmed, n);
-	mq_fresh_queues(bench_queues, nq);
+	raw_run(1, nq, false, 0, n, &r);
+	if (!r.ok || r.confirmed != n)
+		die("warm-up publish: %" PRId64 " of %ld confirmed, %" PRId64
+		    " in the queues", r.confirmed, n, r.consumed);
 }
 
 /* Best raw rate by [live][queue count]. */
@@ -1299,9 +1287,9 @@ raw_series(int nq, bool live, long pg_rate, struct raw_series *sr)
 		struct raw_result r, again;
 		size_t len = strlen(sr->parts);
 
-		raw_run(nconns[b], nq, live, pg_rate, &r);
+		raw_run(nconns[b], nq, live, pg_rate, 0, &r);
 		for (int i = 1; i < O.repeat; i++) {
-			raw_run(nconns[b], nq, live, pg_rate, &again);
+			raw_run(nconns[b], nq, live, pg_rate, 0, &again);
 			if (again.rate > r.rate)
 				r = again;
 		}
