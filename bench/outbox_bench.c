@@ -985,6 +985,15 @@ struct publisher {
 	char err[256];
 };
 
+/* Whether the publisher goes on: before its stop time, and below its
+ * message limit when it has one (tags start at 1). */
+static bool
+publishing(const struct publisher *pb, const struct mqpub *p)
+{
+	return us_now() < pb->stop_us &&
+	    (pb->limit == 0 || (int64_t)p->next <= pb->limit);
+}
+
 static void *
 publisher_main(void *arg)
 {
@@ -996,10 +1005,8 @@ publisher_main(void *arg)
 	mqpub_open(&p, (size_t)O.window);
 	fill_body(body, 0);
 	pthread_barrier_wait(pb->start);
-	while (us_now() < pb->stop_us &&
-	    (pb->limit == 0 || (int64_t)p.next <= pb->limit)) {
-		while (!mqpub_full(&p) && us_now() < pb->stop_us &&
-		    (pb->limit == 0 || (int64_t)p.next <= pb->limit)) {
+	while (publishing(pb, &p)) {
+		while (!mqpub_full(&p) && publishing(pb, &p)) {
 			int64_t id = pb->seq++;
 
 			snprintf(key, sizeof(key), "k%" PRId64, id);
