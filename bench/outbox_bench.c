@@ -2060,6 +2060,17 @@ static struct drain_result drain1;	/* 1 queue, live: the baseline */
 static bool have_drain1;
 static double drain_1q_rate[2];		/* by live */
 
+/* One drain on truncated tables. */
+static void
+drain_empty(const struct drain_spec *sp, struct drain_result *r)
+{
+	PGconn *c = pg_open();
+
+	reset_tables(c);
+	PQfinish(c);
+	drain(sp, r);
+}
+
 /* Drains on an empty table, O.repeat times; keeps the fastest run. */
 static void
 drain_fresh(struct drain_spec *sp, struct drain_result *r)
@@ -2067,11 +2078,7 @@ drain_fresh(struct drain_spec *sp, struct drain_result *r)
 	struct drain_result again;
 
 	for (int i = 0; i < (sp->backlog || sp->idle ? 1 : O.repeat); i++) {
-		PGconn *c = pg_open();
-
-		reset_tables(c);
-		PQfinish(c);
-		drain(sp, i == 0 ? r : &again);
+		drain_empty(sp, i == 0 ? r : &again);
 		if (i > 0 && again.rate > r->rate && again.ok)
 			*r = again;
 		if (i > 0 && !again.ok)
@@ -2505,7 +2512,7 @@ outboxd_migrate(void)
 }
 
 static int
-by_rate(const void *a, const void *b)
+cmp_rate(const void *a, const void *b)
 {
 	double x = ((const struct drain_result *)a)->rate;
 	double y = ((const struct drain_result *)b)->rate;
@@ -2557,16 +2564,13 @@ phase_scale(void)
 	O.conninfo = empty_db;
 
 	for (int i = 0; i < SCALE_PAIRS; i++) {
-		for (int j = 0; j < 2; j++) {
-			bool on_sent = (j == 0) == (i % 2 == 1);
+		bool sent_first = i % 2 == 1;	/* the order flips per pair */
 
-			if (!on_sent) {
+		for (int j = 0; j < 2; j++) {
+			if ((j == 0) != sent_first) {
 				/* One drain, not drain_fresh()'s best of
 				 * --repeat: both sides get one per pair. */
-				c = pg_open();
-				reset_tables(c);
-				PQfinish(c);
-				drain(&empty_sp, &empty[i]);
+				drain_empty(&empty_sp, &empty[i]);
 				continue;
 			}
 			/* What autovacuum would have done by now. */
@@ -2588,8 +2592,8 @@ phase_scale(void)
 		key_scans += sent[i].key_idx_scans;
 	}
 	slow = 1 - sent_sum / empty_sum;
-	qsort(empty, SCALE_PAIRS, sizeof(*empty), by_rate);
-	qsort(sent, SCALE_PAIRS, sizeof(*sent), by_rate);
+	qsort(empty, SCALE_PAIRS, sizeof(*empty), cmp_rate);
+	qsort(sent, SCALE_PAIRS, sizeof(*sent), cmp_rate);
 	row = row_add("outboxd peak RSS, backlog");
 	strfmt(row->value, sizeof(row->value), "%.1f MiB",
 	    (double)big.hwm_kib / 1024);
