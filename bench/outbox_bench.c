@@ -2056,8 +2056,6 @@ drain_row(const char *figure, const struct drain_result *r, bool target)
 	drain_check(row, r);
 }
 
-static struct drain_result drain1;	/* 1 queue, live: the baseline */
-static bool have_drain1;
 static double drain_1q_rate[2];		/* by live */
 
 /* One drain on truncated tables. */
@@ -2089,6 +2087,9 @@ drain_fresh(struct drain_spec *sp, struct drain_result *r)
 static void
 phase_drain(void)
 {
+	struct drain_result drain1 = { 0 };	/* 1 queue, live: RSS, CPU */
+	struct row *row;
+
 	for (int live = 1; live >= 0; live--) {
 		for (int nq = 1; nq <= 4; nq += 3) {
 			struct drain_spec sp = { .n = O.rows, .nq = nq,
@@ -2105,33 +2106,27 @@ phase_drain(void)
 			drain_row(fig, &r, true);
 			if (nq == 1)
 				drain_1q_rate[live] = r.rate;
-			if (live && nq == 1) {
+			if (live && nq == 1)
 				drain1 = r;
-				have_drain1 = true;
-			}
 		}
 	}
-	if (have_drain1) {
-		struct row *row = row_add("outboxd peak RSS, drain");
-
-		strfmt(row->value, sizeof(row->value), "%.1f MiB",
-		    (double)drain1.hwm_kib / 1024);
-		strfmt(row->ref, sizeof(row->ref), "VmHWM; at the end %.1f "
-		    "MiB heap + %.1f MiB mapped files; batch_size %d",
-		    (double)drain1.anon_kib / 1024,
-		    (double)drain1.file_kib / 1024, O.batch);
-		strfmt(row->target, sizeof(row->target), "<= 16 MiB");
-		strfmt(row->verdict, sizeof(row->verdict), "%s",
-		    drain1.hwm_kib <= TARGET_RSS_KIB ? "PASS" : "MISS");
-		row = row_add("outboxd CPU, drain");
-		strfmt(row->value, sizeof(row->value), "%.0f%% of a core",
-		    drain1.cpu.relay);
-		strfmt(row->ref, sizeof(row->ref), "%.1f us per message; its "
-		    "pg backend %.0f%%", drain1.cpu.relay / 100 *
-		    drain1.secs * 1e6 / (double)drain1.spec.n,
-		    drain1.cpu.backend);
-		strfmt(row->target, sizeof(row->target), "-");
-	}
+	row = row_add("outboxd peak RSS, drain");
+	strfmt(row->value, sizeof(row->value), "%.1f MiB",
+	    (double)drain1.hwm_kib / 1024);
+	strfmt(row->ref, sizeof(row->ref), "VmHWM; at the end %.1f MiB heap "
+	    "+ %.1f MiB mapped files; batch_size %d",
+	    (double)drain1.anon_kib / 1024, (double)drain1.file_kib / 1024,
+	    O.batch);
+	strfmt(row->target, sizeof(row->target), "<= 16 MiB");
+	strfmt(row->verdict, sizeof(row->verdict), "%s",
+	    drain1.hwm_kib <= TARGET_RSS_KIB ? "PASS" : "MISS");
+	row = row_add("outboxd CPU, drain");
+	strfmt(row->value, sizeof(row->value), "%.0f%% of a core",
+	    drain1.cpu.relay);
+	strfmt(row->ref, sizeof(row->ref), "%.1f us per message; its pg "
+	    "backend %.0f%%", drain1.cpu.relay / 100 * drain1.secs * 1e6 /
+	    (double)drain1.spec.n, drain1.cpu.backend);
+	strfmt(row->target, sizeof(row->target), "-");
 }
 
 /*
