@@ -204,6 +204,7 @@ env_need(const char *name)
 
 struct pstat {
 	int64_t ticks;		/* utime + stime */
+	int64_t sys_ticks;	/* stime: in the kernel */
 	long rss_kib, hwm_kib;
 	long anon_kib, file_kib; /* heap and stacks; mapped libraries */
 	long vcsw, nvcsw;	/* context switches: wake-ups */
@@ -231,6 +232,7 @@ proc_read(pid_t pid, struct pstat *p)
 	    "%*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2)
 		return false;
 	p->ticks = (int64_t)(ut + st);
+	p->sys_ticks = (int64_t)st;
 	snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
 	if ((f = fopen(path, "r")) == NULL)
 		return false;
@@ -293,6 +295,7 @@ struct cpu_mark {
 
 struct cpu_use {
 	double relay, beam, backend;	/* % of one core */
+	double relay_sys;		/* outboxd's, in the kernel */
 	double machine;			/* cores busy */
 };
 
@@ -330,6 +333,8 @@ cpu_since(const struct cpu_mark *a, pid_t relay, struct cpu_use *u)
 		secs = 1e-6;
 	u->relay = 100.0 * (double)(b.relay.ticks - a->relay.ticks) / hz /
 	    secs;
+	u->relay_sys = 100.0 * (double)(b.relay.sys_ticks -
+	    a->relay.sys_ticks) / hz / secs;
 	u->beam = 100.0 * (double)(b.beam.ticks - a->beam.ticks) / hz / secs;
 	u->backend = 100.0 * (double)(b.backend_ticks - a->backend_ticks) /
 	    hz / secs;
@@ -2148,8 +2153,10 @@ phase_drain(void)
 	row = row_add("outboxd CPU, drain");
 	strfmt(row->value, sizeof(row->value), "%.0f%% of a core",
 	    drain1.cpu.relay);
-	strfmt(row->ref, sizeof(row->ref), "%.1f us per message; its pg "
-	    "backend %.0f%%", drain1.cpu.relay / 100 * drain1.secs * 1e6 /
+	strfmt(row->ref, sizeof(row->ref), "%.1f us per message, %.1f of "
+	    "them in the kernel; its pg backend %.0f%%", drain1.cpu.relay /
+	    100 * drain1.secs * 1e6 / (double)drain1.spec.n,
+	    drain1.cpu.relay_sys / 100 * drain1.secs * 1e6 /
 	    (double)drain1.spec.n, drain1.cpu.backend);
 	strfmt(row->target, sizeof(row->target), "-");
 }
