@@ -1266,7 +1266,7 @@ raw_run(int nconn, int nq, bool live, long pg_rate, int64_t limit,
  * alternating pairs, by 4-28%) or after the broker started (by about a
  * quarter) than on a fill right after another fill and purge: the
  * queue-fills run that came first after the live ones used to lose
- * (docs/PERFORMANCE.md, "The first fill after a live run").  Every
+ * (docs/PERFORMANCE-LOG.md, "The first fill after a live run").  Every
  * queue-fills figure, raw or drain, starts after one of these.
  */
 static void
@@ -1292,17 +1292,8 @@ regime(bool live)
 	return live ? "live consumer" : "queue fills";
 }
 
-/*
- * The raw runs of one figure: 1, 2 and 4 connections, each the best of
- * O.repeat; the best of them is the figure.  With a live consumer a run
- * is timed (O.raw_s).  With the queues filling, a run publishes as many
- * messages as a drain has rows, so the queues grow as deep as a drain
- * leaves them: a classic queue confirms more slowly the more it holds
- * (6-24% more slowly filling to 400,000 messages than to 60,000, in
- * alternating runs on the machine of docs/PERFORMANCE.md), so a timed
- * run stopped at a shallower depth measured a faster broker than any
- * drain meets.
- */
+/* The raw runs of one figure: 1, 2 and 4 connections, each the best of
+ * O.repeat; the best of them is the figure. */
 struct raw_series {
 	char parts[128];	/* "1c R, 2c R, 4c R" */
 	struct raw_result best;
@@ -1310,6 +1301,15 @@ struct raw_series {
 	bool ok;
 };
 
+/*
+ * With a live consumer a run is timed (O.raw_s).  With the queues
+ * filling, a run publishes as many messages as a drain has rows, so the
+ * queues grow as deep as a drain leaves them: a classic queue confirms
+ * more slowly the more it holds (6-24% more slowly filling to 400,000
+ * messages than to 60,000, in alternating runs; docs/PERFORMANCE-LOG.md),
+ * so a timed run stopped at a shallower depth measured a faster broker
+ * than any drain meets.
+ */
 static void
 raw_series(int nq, bool live, long pg_rate, struct raw_series *sr)
 {
