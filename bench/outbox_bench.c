@@ -2119,6 +2119,7 @@ phase_drain(void)
 {
 	struct drain_result drain1 = { 0 };	/* 1 queue, live: RSS, CPU */
 	struct row *row;
+	double us_per_pct;
 
 	for (int live = 1; live >= 0; live--) {
 		for (int nq = 1; nq <= 4; nq += 3) {
@@ -2150,14 +2151,15 @@ phase_drain(void)
 	strfmt(row->target, sizeof(row->target), "<= 16 MiB");
 	strfmt(row->verdict, sizeof(row->verdict), "%s",
 	    drain1.hwm_kib <= TARGET_RSS_KIB ? "PASS" : "MISS");
+	/* % of a core -> microseconds of CPU per message */
+	us_per_pct = drain1.secs * 1e6 / 100 / (double)drain1.spec.n;
 	row = row_add("outboxd CPU, drain");
 	strfmt(row->value, sizeof(row->value), "%.0f%% of a core",
 	    drain1.cpu.relay);
 	strfmt(row->ref, sizeof(row->ref), "%.1f us per message, %.1f of "
-	    "them in the kernel; its pg backend %.0f%%", drain1.cpu.relay /
-	    100 * drain1.secs * 1e6 / (double)drain1.spec.n,
-	    drain1.cpu.relay_sys / 100 * drain1.secs * 1e6 /
-	    (double)drain1.spec.n, drain1.cpu.backend);
+	    "them in the kernel; its pg backend %.0f%%", drain1.cpu.relay *
+	    us_per_pct, drain1.cpu.relay_sys * us_per_pct,
+	    drain1.cpu.backend);
 	strfmt(row->target, sizeof(row->target), "-");
 }
 
@@ -2547,7 +2549,8 @@ cmp_rate(const void *a, const void *b)
 	return (x > y) - (x < y);
 }
 
-#define SCALE_PAIRS 3	/* the slowdown row names three of each */
+#define SCALE_PAIRS 3
+_Static_assert(SCALE_PAIRS == 3, "the slowdown row prints three of each");
 
 /*
  * The backlog (O.backlog rows) is drained from a cold start, for the peak
