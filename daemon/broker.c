@@ -211,6 +211,18 @@ bk_connect_ms(const struct broker *b)
 	    DEFAULT_CONNECT_MS;
 }
 
+/* TCP_CORK on or off; off sends what the kernel holds at once.  Best
+ * effort: a socket that refuses it only sends smaller segments. */
+void
+bk_cork(struct broker *b, bool on)
+{
+	int fd = b->conn != NULL ? amqp_get_sockfd(b->conn) : -1;
+	int v = on;
+
+	if (fd >= 0)
+		(void)setsockopt(fd, IPPROTO_TCP, TCP_CORK, &v, sizeof(v));
+}
+
 /* Opens channel ch; the publishing channel also gets confirm.select,
  * after which its delivery tags count from 1. */
 static int WARN_UNUSED

@@ -106,6 +106,7 @@ struct timeval bk_ms_to_tv(int64_t ms);
 void bk_rpc_deadline(struct broker *, int64_t deadline);
 int64_t bk_confirm_ms(const struct broker *);
 int64_t bk_connect_ms(const struct broker *);
+void bk_cork(struct broker *, bool on);
 /* Opens the publishing and the check channel where they are closed. */
 int bk_ensure_channels(struct broker *, int64_t deadline) WARN_UNUSED;
 /* The exchange cache: forget all (reconnect) or one name (deleted). */

@@ -384,6 +384,35 @@ START_TEST(test_batch_of_5000)
 }
 END_TEST
 
+/*
+ * The broker module corks the socket while it publishes a batch, so that
+ * the kernel sends full segments; it must uncork before awaiting the
+ * confirms.  A batch left corked would wait for the kernel's 200 ms cork
+ * timer: 20 one-message batches would take 4 s, not milliseconds.
+ */
+START_TEST(test_small_batches_not_held)
+{
+	struct broker *b = connect_default();
+	char q[128];
+	int64_t t0, ms;
+
+	uniq(q, sizeof(q), "small");
+	ck_assert(broker_declare_queue(b, q, "", "") == 0);
+	msg_set(&msgs[0], 1, "", NULL, q, "{\"one\": 1}");
+	t0 = now_mono_ms();
+	for (int i = 0; i < 20; i++) {
+		publish_ok(b, 1);
+		assert_acked(0);
+	}
+	ms = now_mono_ms() - t0;
+	ck_assert_msg(ms < 2000, "20 one-message batches took %" PRId64
+	    " ms: a batch waited for the cork timer", ms);
+	ck_assert_uint_eq(wait_count(b, q, 20), 20);
+	ck_assert(broker_delete_queue(b, q) == 0);
+	broker_free(b);
+}
+END_TEST
+
 START_TEST(test_unroutable_is_returned)
 {
 	struct broker *b = connect_default();
@@ -828,6 +857,7 @@ broker_suite(void)
 	tcase_set_timeout(pub, 120);
 	tcase_add_test(pub, test_default_exchange_properties);
 	tcase_add_test(pub, test_batch_of_5000);
+	tcase_add_test(pub, test_small_batches_not_held);
 	tcase_add_test(pub, test_unroutable_is_returned);
 	tcase_add_test(pub, test_missing_exchange_rejected);
 	tcase_add_test(pub, test_exchange_type_mismatch_rejected);
