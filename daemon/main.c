@@ -73,7 +73,7 @@ static void
 usage(FILE *out)
 {
 	fprintf(out,
-	    "usage: outboxd [-c FILE] COMMAND [ARGS]\n"
+	    "usage: outboxd [-c FILE] [COMMAND [ARGS]]\n"
 	    "\n"
 	    "Relays rows of a PostgreSQL outbox table to RabbitMQ with\n"
 	    "publisher confirms.\n"
@@ -92,9 +92,11 @@ usage(FILE *out)
 	    "  version          print the version\n"
 	    "\n"
 	    "options:\n"
-	    "  -c FILE   config file (default " DEFAULT_CONFIG ")\n"
-	    "  -n        check the config and exit (same as `check`)\n"
-	    "  -h        this help\n"
+	    "  -c, --config FILE  config file (default: $OUTBOXD_CONFIG,\n"
+	    "                     else " DEFAULT_CONFIG ")\n"
+	    "  -n                 check the config and exit (same as `check`)\n"
+	    "  -h, --help         this help\n"
+	    "  -V, --version      print the version\n"
 	    "\n"
 	    "exit codes: 0 ok, 1 runtime error, 2 usage or config error\n");
 }
@@ -284,11 +286,14 @@ run_daemon(struct config *cfg)
 /*
  * `outboxd check -c FILE` and `outboxd run -c FILE` are documented (and
  * `make run` uses them), but getopt stops at the command: take "-c FILE"
- * out of the command's own arguments too.  Returns the new argc.
+ * (or "--config FILE", "--config=FILE") out of the command's own
+ * arguments too.  Returns the new argc, or -1 when the file name is
+ * missing.
  */
 static int
 take_config_option(int argc, char **argv, const char **path)
 {
+	static const char long_eq[] = "--config=";
 	int n = 1;
 
 	for (int i = 1; i < argc; i++) {
@@ -297,7 +302,17 @@ take_config_option(int argc, char **argv, const char **path)
 				argv[n++] = argv[i++];
 			break;
 		}
-		if (strcmp(argv[i], "-c") == 0 && i + 1 < argc) {
+		if (strncmp(argv[i], long_eq, sizeof(long_eq) - 1) == 0) {
+			*path = argv[i] + sizeof(long_eq) - 1;
+			continue;
+		}
+		if (strcmp(argv[i], "-c") == 0 ||
+		    strcmp(argv[i], "--config") == 0) {
+			if (i + 1 == argc) {
+				fprintf(stderr, "outboxd: %s needs a FILE\n",
+				    argv[i]);
+				return -1;
+			}
 			*path = argv[++i];
 			continue;
 		}
@@ -311,6 +326,12 @@ int
 main(int argc, char **argv)
 {
 	const char *path = getenv("OUTBOXD_CONFIG");
+	static const struct option long_options[] = {
+		{ "config", required_argument, NULL, 'c' },
+		{ "help", no_argument, NULL, 'h' },
+		{ "version", no_argument, NULL, 'V' },
+		{ NULL, 0, NULL, 0 },
+	};
 	const char *command = "run";
 	struct config cfg;
 	int opt, rc;
@@ -318,7 +339,8 @@ main(int argc, char **argv)
 	if (path == NULL)
 		path = DEFAULT_CONFIG;
 	/* '+' stops at the command so its own options pass through. */
-	while ((opt = getopt(argc, argv, "+c:nhV")) != -1) {
+	while ((opt = getopt_long(argc, argv, "+c:nhV", long_options,
+	    NULL)) != -1) {
 		switch (opt) {
 		case 'c':
 			path = optarg;
@@ -339,9 +361,14 @@ main(int argc, char **argv)
 	}
 	if (optind < argc) {
 		command = argv[optind];
-		if (strcmp(command, "backoff") != 0)
-			argc = optind + take_config_option(argc - optind,
+		if (strcmp(command, "backoff") != 0) {
+			int left = take_config_option(argc - optind,
 			    argv + optind, &path);
+
+			if (left == -1)
+				return 2;
+			argc = optind + left;
+		}
 	}
 	if (strcmp(command, "help") == 0) {
 		usage(stdout);

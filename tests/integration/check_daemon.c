@@ -600,11 +600,36 @@ START_TEST(test_check_config_and_usage)
 	    good, "-n", NULL), 0);
 	ck_assert_msg(strstr(out, "configuration OK") != NULL, "out: %s%s",
 	    out, err);
-	/* The documented `check -c FILE` form too. */
+	/* The documented `check -c FILE` form too, and the long forms
+	 * before and after the command. */
 	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
 	    NULL, "check", "-c", good, NULL), 0);
 	ck_assert_msg(strstr(out, "configuration OK") != NULL, "out: %s%s",
 	    out, err);
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    NULL, "--config", good, "check", NULL), 0);
+	ck_assert_msg(strstr(out, "configuration OK") != NULL, "out: %s%s",
+	    out, err);
+	snprintf(want, sizeof(want), "--config=%s", good);
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    NULL, "check", want, NULL), 0);
+	ck_assert_msg(strstr(out, "configuration OK") != NULL, "out: %s%s",
+	    out, err);
+	/* A -c without its file is a usage error, not a check of the
+	 * default file. */
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    NULL, "check", "-c", NULL), 2);
+	ck_assert_msg(strstr(err, "-c needs a FILE") != NULL, "err: %s", err);
+	/* What scripts and packagers call. */
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    NULL, "--help", NULL), 0);
+	ck_assert_msg(strstr(out, "usage:") != NULL &&
+	    strstr(out, "--config FILE") != NULL, "out: %s", out);
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    NULL, "--version", NULL), 0);
+	ck_assert_msg(strncmp(out, "outboxd ", 8) == 0, "out: %s", out);
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    NULL, "--no-such-option", NULL), 2);
 
 	/* Two problems, both reported with path:line:col. */
 	snprintf(bad, sizeof(bad), "%s/bad-%d.yml", dir, (int)getpid());
