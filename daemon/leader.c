@@ -42,8 +42,10 @@ leader_new(const struct lock_conf *lock_conf, const struct relay_conf *conf,
 
 	l->store = store;
 	l->conf = *conf;
-	if (lock_conf->enabled)
+	if (lock_conf->enabled) {
 		l->lock = lock_new(lock_conf);
+		lock_set_reconnect(l->lock, &conf->reconnect);
+	}
 	l->redis_was_up = true;
 	return l;
 }
@@ -61,6 +63,8 @@ void
 leader_set_conf(struct leader *l, const struct relay_conf *conf)
 {
 	l->conf = *conf;
+	if (l->lock != NULL)
+		lock_set_reconnect(l->lock, &conf->reconnect);
 }
 
 const char *

@@ -489,7 +489,9 @@ lock_free(struct lock *l)
 void
 lock_set_reconnect(struct lock *l, const struct backoff_params *p)
 {
-	backoff_cursor_init(&l->reconnect, p);
+	/* The attempt count stays: a reload during an outage goes on
+	 * from where the pacing is, as the relay's cursors do. */
+	l->reconnect.params = *p;
 }
 
 enum lock_state

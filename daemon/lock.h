@@ -55,8 +55,9 @@ struct lock;
 struct lock *lock_new(const struct lock_conf *);
 /* Frees without releasing (the key then expires after ttl); NULL ok. */
 void lock_free(struct lock *);
-/* Replaces the reconnect pacing (the default is exponential from 1 s,
- * ×2, capped at 10 s, ±20 %). */
+/* Replaces the reconnect pacing, keeping its attempt count (the default
+ * is exponential from 1 s, ×2, capped at 10 s, ±20 %; the daemon sets
+ * reconnect.*). */
 void lock_set_reconnect(struct lock *, const struct backoff_params *);
 
 /*

@@ -588,6 +588,55 @@ START_TEST(test_sighup_reload)
 }
 END_TEST
 
+/* A config whose Redis is an address where nothing listens, with
+ * reconnects at a fixed delay of init. */
+static void
+unreachable_redis_yaml(char *buf, size_t size, const char *init)
+{
+	snprintf(buf, size, "log:\n  level: debug\n"
+	    "postgres:\n  conninfo: \"%s\"\n"
+	    "rabbitmq:\n  nodes: [\"127.0.0.1:%s\"]\n"
+	    "redis:\n  address: \"127.0.0.1:1\"\n  connect_timeout: 1s\n"
+	    "reconnect:\n  strategy: fixed\n  jitter: none\n  init: %s\n"
+	    "http:\n  listen: \"\"\n", tl_env("OUTBOXD_PG_CONNINFO"),
+	    tl_env("OUTBOXD_AMQP_PORT"), init);
+}
+
+/*
+ * reconnect.* paces the reconnects to Redis as well as to PostgreSQL
+ * and RabbitMQ, from the start and after a reload.  Each failed attempt
+ * logs the delay before the next.
+ */
+START_TEST(test_redis_reconnects_follow_config)
+{
+	char cfg[600], yaml[2048], *log;
+	pid_t pid;
+
+	snprintf(cfg, sizeof(cfg), "%s/redis-pace-%d.yml",
+	    tl_env("OUTBOXD_SERVERS_DIR"), (int)getpid());
+	unreachable_redis_yaml(yaml, sizeof(yaml), "2500ms");
+	spit(cfg, yaml, 0644);
+	pid = tl_outboxd_start_file(cfg);
+	log = log_of(pid);
+	ck_assert(wait_log(log, "msg=\"redis unavailable\"", 1, 20000));
+	/* The lock module's own default would be 1 s +- 20 %. */
+	ck_assert_msg(log_count(log, " retry_ms=2500\n") == 1, "log %s", log);
+	/* Delivery goes on meanwhile: leadership falls back to PostgreSQL. */
+	ck_assert(wait_log(log, "falls back to a postgres advisory lock", 1,
+	    20000));
+
+	unreachable_redis_yaml(yaml, sizeof(yaml), "700ms");
+	rewrite_raw(cfg, yaml);
+	kill(pid, SIGHUP);
+	ck_assert(wait_log(log, "msg=\"config reloaded\"", 1, 20000));
+	ck_assert_msg(wait_log(log, " retry_ms=700\n", 1, 10000), "log %s",
+	    log);
+	ck_assert_int_eq(tl_outboxd_stop(pid, 25000), 0);
+	check_logfmt(log);
+	free(log);
+}
+END_TEST
+
 /* --- the command line ---------------------------------------------------- */
 
 START_TEST(test_check_config_and_usage)
@@ -1257,6 +1306,7 @@ main(void)
 	tcase_add_test(tc, test_second_sigterm_exits_at_once);
 	tcase_add_test(tc, test_shutdown_timeout_ends_a_stuck_batch);
 	tcase_add_test(tc, test_sighup_reload);
+	tcase_add_test(tc, test_redis_reconnects_follow_config);
 	tcase_add_test(tc, test_check_config_and_usage);
 	tcase_add_test(tc, test_cli_status_dead_replay_purge_migrate);
 	tcase_add_test(tc, test_metrics_and_health);
