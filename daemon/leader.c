@@ -27,7 +27,8 @@ struct leader {
 	struct store *store;
 	struct relay_conf conf;
 	bool is_leader;
-	enum leader_backend backend;
+	enum leader_backend backend;	/* of the leadership held */
+	enum leader_backend election;	/* what this instance elects with */
 	bool redis_was_up;
 	int64_t next_compensation_ms;
 	int64_t next_purge_ms;
@@ -102,6 +103,8 @@ seek_postgres_leadership(struct leader *l)
 {
 	bool held = false;
 
+	l->election = store_connected(l->store) ? LEADER_BACKEND_POSTGRES :
+	    LEADER_BACKEND_NONE;
 	/* The relay keeps the session up, also in single-active standby. */
 	if (store_connected(l->store) &&
 	    store_try_leader_lock(l->store, &held) == -1) {
@@ -136,6 +139,7 @@ update_leadership(struct leader *l)
 		log_info("redis is back: leader election uses it again",
 		    NULL);
 	l->redis_was_up = true;
+	l->election = LEADER_BACKEND_REDIS;
 	/* Redis answers again: the advisory lock goes, so that Redis alone
 	 * decides and the two cannot disagree for long. */
 	store_release_leader_lock(l->store);
@@ -211,7 +215,7 @@ leader_is_leader(const struct leader *l)
 enum leader_backend
 leader_backend(const struct leader *l)
 {
-	return l->backend;
+	return l->election;
 }
 
 bool

@@ -15,7 +15,7 @@
 #include "store.h"
 
 enum leader_backend {
-	LEADER_BACKEND_NONE,	/* not leader, or no way to know */
+	LEADER_BACKEND_NONE,	/* no election: PostgreSQL is down too */
 	LEADER_BACKEND_REDIS,
 	LEADER_BACKEND_POSTGRES, /* degraded: Redis down or disabled */
 };
@@ -38,6 +38,8 @@ void leader_set_conf(struct leader *, const struct relay_conf *);
  * Returns whether this instance is the leader now. */
 bool leader_tick(struct leader *);
 bool leader_is_leader(const struct leader *);
+/* What this instance elects the leader with, whether or not it leads:
+ * so that "no leader anywhere, though elections run" can be seen. */
 enum leader_backend leader_backend(const struct leader *);
 const char *leader_backend_name(enum leader_backend);
 bool leader_redis_up(const struct leader *);

@@ -803,6 +803,11 @@ START_TEST(test_redis_outage_falls_back_to_postgres)
 	    20000));
 	p[1] = start(yaml[1]);
 	ck_assert(wait_log(p[1], "outboxd ready", 30000));
+	/* Leader or not, each instance shows what it elects with (what
+	 * the OutboxNoLeader alert of docs/METRICS.md relies on). */
+	for (int i = 0; i < 2; i++)
+		ck_assert_msg(metrics_show(port[i], "outboxd_leader_backend"
+		    "{backend=\"redis\"} 1"), "instance %d", i);
 	first = enqueue("leader.outage", "a", N1);
 	/* One more id: the exhausted row's, which must never arrive. */
 	tally_init(&t, first, N1 + N2 + N3 + 1);
@@ -829,6 +834,8 @@ START_TEST(test_redis_outage_falls_back_to_postgres)
 	    "outboxd_leader_backend{backend=\"postgres\"} 1"));
 	ck_assert(metrics_show(port[pg_leader == p[0] ? 0 : 1],
 	    "outboxd_connection_up{server=\"redis\"} 0"));
+	ck_assert(metrics_show(port[pg_leader == p[0] ? 1 : 0],
+	    "outboxd_leader_backend{backend=\"postgres\"} 1"));
 
 	/* Delivery goes on, and so does compensation: a row whose
 	 * max_retry_times was lowered below its attempts goes DEAD. */
