@@ -122,7 +122,25 @@ struct daemon {
 	struct workers *workers;	/* relay.workers - 1 more */
 	struct leader *leader;
 	struct http *http;
+	int64_t stall_limit_ms;		/* see stall_limit() */
 };
+
+/*
+ * How long the main loop or a relay worker may go without reporting
+ * before /healthz calls it stalled: the longest step its timeouts allow
+ * (a batch's confirms, then a connect to each server, every RabbitMQ
+ * node in turn), and at least 10 s, so that a slow fsync is no alarm.
+ * A claim or mark blocked on a lock has no timeout: this catches it.
+ */
+static int64_t
+stall_limit(const struct config *cfg)
+{
+	int64_t ms = cfg->broker.confirm_timeout_ms +
+	    cfg->store.connect_timeout_ms + cfg->lock.connect_timeout_ms +
+	    cfg->broker.connect_timeout_ms * (int64_t)cfg->broker.n_nodes;
+
+	return ms > 10000 ? ms : 10000;
+}
 
 static void
 reload(struct daemon *d)
@@ -174,6 +192,9 @@ report_state(struct daemon *d)
 		metrics_set_health(false, "postgres unreachable");
 	else if (!amqp)
 		metrics_set_health(false, "rabbitmq unreachable");
+	else if (workers_stalled_ms(d->workers) > d->stall_limit_ms)
+		metrics_set_health(false, "stalled: a relay worker has not "
+		    "reported");
 	else
 		metrics_set_health(true, "");
 }
@@ -210,6 +231,8 @@ run_daemon(struct config *cfg)
 	bool ready = false;
 
 	metrics_init(OUTBOXD_VERSION);
+	d.stall_limit_ms = stall_limit(cfg);
+	metrics_set_stall_limit(d.stall_limit_ms);
 	d.http = http_start(&cfg->http, err, sizeof(err));
 	if (d.http == NULL) {
 		log_error("cannot start the http endpoint", "error=%s",

@@ -44,6 +44,8 @@ struct registry {
 	uint64_t reconnects[METRICS_SERVER_COUNT];
 	bool healthy;
 	char health_reason[128];
+	int64_t health_at_ms;	/* of the last metrics_set_health; 0 never */
+	int64_t stall_limit_ms;	/* 0: no limit */
 };
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -257,20 +259,36 @@ metrics_set_health(bool ok, const char *reason)
 	reg_lock();
 	reg.healthy = ok;
 	memcpy(reg.health_reason, clean, sizeof(clean));
+	reg.health_at_ms = now_mono_ms();
 	reg_unlock();
 }
 
 bool
 metrics_health(char *reason, size_t size)
 {
+	int64_t silent;
 	bool ok;
 
 	reg_lock();
 	ok = reg.healthy;
-	if (reason != NULL && size > 0)
+	silent = reg.health_at_ms > 0 ? now_mono_ms() - reg.health_at_ms : 0;
+	if (reg.stall_limit_ms > 0 && silent > reg.stall_limit_ms) {
+		ok = false;
+		if (reason != NULL && size > 0)
+			strfmt(reason, size, "stalled: the main loop has not "
+			    "reported for %" PRId64 " s", silent / 1000);
+	} else if (reason != NULL && size > 0)
 		strfmt(reason, size, "%s", reg.health_reason);
 	reg_unlock();
 	return ok;
+}
+
+void
+metrics_set_stall_limit(int64_t ms)
+{
+	reg_lock();
+	reg.stall_limit_ms = ms > 0 ? ms : 0;
+	reg_unlock();
 }
 
 /*

@@ -76,8 +76,12 @@ void metrics_inc_reconnect(enum metrics_server);
  * become spaces and it is cut at 127 bytes.
  */
 void metrics_set_health(bool ok, const char *reason);
-/* Returns ok and copies the reason into reason[size] (may be NULL). */
+/* Returns ok and copies the reason into reason[size] (may be NULL).  Not
+ * ok either when the last metrics_set_health() is older than the stall
+ * limit: a main loop stuck in a call cannot say so itself. */
 bool metrics_health(char *reason, size_t size);
+/* The stall limit in ms (0, the default: none). */
+void metrics_set_stall_limit(int64_t ms);
 
 /*
  * Writes the exposition text into buf, snprintf-style: at most size

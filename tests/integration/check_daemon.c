@@ -637,6 +637,54 @@ START_TEST(test_redis_reconnects_follow_config)
 }
 END_TEST
 
+/*
+ * A claim blocked by a table lock waits without a timeout, and the main
+ * loop with it.  /healthz must call that a stall once the stall limit
+ * (here its 10 s minimum) is over, not before, and be healthy again
+ * when the lock goes; the rows written meanwhile are sent then.
+ */
+START_TEST(test_health_reports_a_stall)
+{
+	char cfg[512], yaml[512], health[256];
+	struct tl_amqp *a = tl_amqp_open();
+	PGconn *locker;
+	int64_t locked, stalled;
+	pid_t pid;
+
+	tl_queue(a, "dmn.stall", "", "");
+	tl_amqp_close(a);
+	snprintf(yaml, sizeof(yaml), "http.listen: \"127.0.0.1:%d\"\n"
+	    "redis.key: \"dmn:leader:stall\"\nrelay.poll_interval: 200ms\n"
+	    "rabbitmq.confirm_timeout: 1s\nrabbitmq.connect_timeout: 1s\n"
+	    "postgres.connect_timeout: 1s\nredis.connect_timeout: 1s\n",
+	    http_port());
+	tl_config_write(cfg, sizeof(cfg), yaml);
+	pid = tl_outboxd_start_file(cfg);
+	ck_assert_int_eq(wait_health(200, health, sizeof(health), 30000), 200);
+
+	locker = tl_pg();
+	tl_sql(locker, "BEGIN");
+	tl_sql(locker, "LOCK TABLE t_transactional_message IN ACCESS "
+	    "EXCLUSIVE MODE");
+	locked = tl_ms();
+	for (int i = 0; i < 3; i++)
+		tl_sql(locker, "SELECT outbox_enqueue('', 'dmn.stall', 'x')");
+	ck_assert_int_eq(wait_health(503, health, sizeof(health), 40000), 503);
+	stalled = tl_ms() - locked;
+	fprintf(stderr, "stall: /healthz unhealthy %lld ms after the lock: "
+	    "%s", (long long)stalled, health);
+	ck_assert_msg(strstr(health, "stalled") != NULL, "reason: %s", health);
+	ck_assert_int_ge(stalled, 9000);
+
+	tl_sql(locker, "COMMIT");
+	PQfinish(locker);
+	ck_assert_int_eq(wait_health(200, health, sizeof(health), 30000), 200);
+	ck_assert_int_eq(tl_wait_sql_int(db, 3, 30000, COUNT_STATUS(1)
+	    " AND routing_key = 'dmn.stall'"), 3);
+	ck_assert_int_eq(tl_outboxd_stop(pid, 25000), 0);
+}
+END_TEST
+
 /* --- the command line ---------------------------------------------------- */
 
 START_TEST(test_check_config_and_usage)
@@ -1310,6 +1358,7 @@ main(void)
 	tcase_add_test(tc, test_check_config_and_usage);
 	tcase_add_test(tc, test_cli_status_dead_replay_purge_migrate);
 	tcase_add_test(tc, test_metrics_and_health);
+	tcase_add_test(tc, test_health_reports_a_stall);
 	tcase_add_test(tc, test_secrets_never_logged);
 	tcase_add_test(tc, test_worker_without_connection);
 	tcase_add_test(tc, test_log_lines_are_logfmt);

@@ -417,6 +417,39 @@ START_TEST(test_health)
 }
 END_TEST
 
+/* A main loop that stops reporting turns the health false by itself,
+ * after the stall limit and not before; a report clears it. */
+START_TEST(test_health_stall)
+{
+	char reason[128];
+	int64_t set_at, deadline;
+
+	metrics_set_health(true, NULL);
+	ck_assert(metrics_health(reason, sizeof(reason)));
+	metrics_set_stall_limit(200);
+	metrics_set_health(true, NULL);
+	set_at = now_mono_ms();
+	ck_assert(metrics_health(reason, sizeof(reason)));
+	deadline = set_at + 5000;
+	while (metrics_health(NULL, 0) && now_mono_ms() < deadline)
+		;
+	ck_assert(!metrics_health(reason, sizeof(reason)));
+	ck_assert_int_ge(now_mono_ms() - set_at, 200);
+	ck_assert_msg(strncmp(reason, "stalled: ", 9) == 0, "%s", reason);
+	metrics_set_health(true, NULL);
+	ck_assert(metrics_health(reason, sizeof(reason)));
+	ck_assert_str_eq(reason, "");
+	/* A failure reported in time keeps its own reason. */
+	metrics_set_health(false, "postgres unreachable");
+	ck_assert(!metrics_health(reason, sizeof(reason)));
+	ck_assert_str_eq(reason, "postgres unreachable");
+	/* No limit: silence is no stall. */
+	metrics_set_stall_limit(0);
+	metrics_set_health(true, NULL);
+	ck_assert(metrics_health(NULL, 0));
+}
+END_TEST
+
 START_TEST(test_names)
 {
 	ck_assert_str_eq(metrics_failure_name(METRICS_FAIL_NO_CONTENT),
@@ -523,6 +556,7 @@ metrics_suite(void)
 	tc = tcase_create("health");
 	tcase_add_checked_fixture(tc, setup, NULL);
 	tcase_add_test(tc, test_health);
+	tcase_add_test(tc, test_health_stall);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("threads");
