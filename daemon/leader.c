@@ -224,6 +224,12 @@ leader_redis_up(const struct leader *l)
 	return l->lock != NULL && l->redis_was_up;
 }
 
+uint64_t
+leader_redis_reconnects(const struct leader *l)
+{
+	return l->lock != NULL ? lock_reconnects(l->lock) : 0;
+}
+
 int64_t
 leader_next_tick_ms(const struct leader *l)
 {

@@ -43,6 +43,8 @@ bool leader_is_leader(const struct leader *);
 enum leader_backend leader_backend(const struct leader *);
 const char *leader_backend_name(enum leader_backend);
 bool leader_redis_up(const struct leader *);
+/* Redis connections established after the first (0 without Redis). */
+uint64_t leader_redis_reconnects(const struct leader *);
 /* Milliseconds until leader_tick has work (a renewal, a retry). */
 int64_t leader_next_tick_ms(const struct leader *);
 const struct leader_gauges *leader_gauges(const struct leader *);

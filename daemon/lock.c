@@ -66,6 +66,7 @@ struct lock {
 	int64_t next_at;		/* lock_tick's next piece of work */
 	struct backoff_cursor reconnect;
 	bool down_logged;		/* this outage was logged already */
+	uint64_t connects;		/* connections established */
 	uint64_t lost_count;
 	char error[256];
 };
@@ -237,6 +238,7 @@ lock_connect(struct lock *l, int64_t deadline)
 	}
 	log_info("redis connected", "addr=%s",
 	    log_quote(qaddr, sizeof(qaddr), l->addr));
+	l->connects++;
 	return 0;
 fail:
 	lock_drop(l);
@@ -492,6 +494,12 @@ lock_set_reconnect(struct lock *l, const struct backoff_params *p)
 	/* The attempt count stays: a reload during an outage goes on
 	 * from where the pacing is, as the relay's cursors do. */
 	l->reconnect.params = *p;
+}
+
+uint64_t
+lock_reconnects(const struct lock *l)
+{
+	return l->connects > 0 ? l->connects - 1 : 0;
 }
 
 enum lock_state

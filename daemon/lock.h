@@ -59,6 +59,8 @@ void lock_free(struct lock *);
  * is exponential from 1 s, ×2, capped at 10 s, ±20 %; the daemon sets
  * reconnect.*). */
 void lock_set_reconnect(struct lock *, const struct backoff_params *);
+/* Connections established after the first one, whatever dropped it. */
+uint64_t lock_reconnects(const struct lock *);
 
 /*
  * Does what is due: connect, acquire if not held, renew if held.  Costs

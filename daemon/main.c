@@ -123,6 +123,7 @@ struct daemon {
 	struct leader *leader;
 	struct http *http;
 	int64_t stall_limit_ms;		/* see stall_limit() */
+	uint64_t redis_reconnects;	/* counted in metrics so far */
 };
 
 /*
@@ -180,6 +181,9 @@ report_state(struct daemon *d)
 	metrics_set_connection(METRICS_SERVER_RABBITMQ, amqp);
 	metrics_set_connection(METRICS_SERVER_REDIS,
 	    leader_redis_up(d->leader));
+	for (uint64_t n = leader_redis_reconnects(d->leader);
+	    d->redis_reconnects < n; d->redis_reconnects++)
+		metrics_inc_reconnect(METRICS_SERVER_REDIS);
 	metrics_set_relays((unsigned)((pg && amqp ? 1 : 0) +
 	    workers_connected(d->workers)), (unsigned)d->cfg->relay.workers);
 	metrics_set_leader(leader_is_leader(d->leader),

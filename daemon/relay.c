@@ -28,7 +28,10 @@ struct relay {
 	/* Reconnect pacing, one cursor per server. */
 	struct backoff_cursor store_retry, broker_retry;
 	int64_t store_retry_at, broker_retry_at; /* monotonic ms */
-	bool store_was_up, broker_was_up;
+	bool store_was_up;
+	/* Whether each server was ever connected: only a connection after
+	 * that counts as a reconnect. */
+	bool store_ever_up, broker_ever_up;
 	/* Per-batch arrays, grown to batch_size and reused. */
 	struct broker_msg *msgs;
 	struct broker_result *results;
@@ -371,7 +374,9 @@ ensure_store(struct relay *r)
 	if (store_connect(r->store) == 0 &&
 	    (r->kick_fd >= 0 || store_listen(r->store) == 0)) {
 		log_info("postgres connected", NULL);
-		metrics_inc_reconnect(METRICS_SERVER_POSTGRES);
+		if (r->store_ever_up)
+			metrics_inc_reconnect(METRICS_SERVER_POSTGRES);
+		r->store_ever_up = true;
 		backoff_cursor_reset(&r->store_retry);
 		r->store_was_up = true;
 		return true;
@@ -394,7 +399,9 @@ ensure_broker(struct relay *r)
 	if (now < r->broker_retry_at)
 		return false;
 	if (broker_connect(r->broker) == 0) {
-		metrics_inc_reconnect(METRICS_SERVER_RABBITMQ);
+		if (r->broker_ever_up)
+			metrics_inc_reconnect(METRICS_SERVER_RABBITMQ);
+		r->broker_ever_up = true;
 		backoff_cursor_reset(&r->broker_retry);
 		return true;
 	}

@@ -375,15 +375,29 @@ END_TEST
  * n rows: the daemon claims them all and waits for confirms that do not
  * come.  Returns with the claim transaction open and every row locked.
  */
+/* Declares queue (may be NULL) and starts a daemon with the config the
+ * test library writes plus yaml. */
+static pid_t
+start_with_queue(const char *queue, const char *yaml)
+{
+	char cfg[512];
+
+	if (queue != NULL) {
+		struct tl_amqp *a = tl_amqp_open();
+
+		tl_queue(a, queue, "", "");
+		tl_amqp_close(a);
+	}
+	tl_config_write(cfg, sizeof(cfg), yaml);
+	return tl_outboxd_start_file(cfg);
+}
+
 static pid_t
 start_stuck(const char *app, const char *extra, int n, char **log)
 {
-	struct tl_amqp *a = tl_amqp_open();
-	char cfg[512], yaml[1024];
+	char yaml[1024];
 	pid_t pid;
 
-	tl_queue(a, "dmn.stuck", "", "");
-	tl_amqp_close(a);
 	/* One relay, so that one claim holds every row: with more workers
 	 * the rows could be split between their claims (stopping with
 	 * several workers is check_relay's). */
@@ -391,8 +405,7 @@ start_stuck(const char *app, const char *extra, int n, char **log)
 	    "rabbitmq.confirm_timeout: 60s\nrelay.batch_size: 1000\n"
 	    "relay.workers: 1\n"
 	    "redis.key: \"dmn:leader:%s\"\n%s", app, app, extra);
-	tl_config_write(cfg, sizeof(cfg), yaml);
-	pid = tl_outboxd_start_file(cfg);
+	pid = start_with_queue("dmn.stuck", yaml);
 	*log = log_of(pid);
 	ck_assert_msg(wait_log(*log, "msg=\"outboxd ready\"", 1, 30000),
 	    "outboxd did not become ready");
@@ -645,21 +658,17 @@ END_TEST
  */
 START_TEST(test_health_reports_a_stall)
 {
-	char cfg[512], yaml[512], health[256];
-	struct tl_amqp *a = tl_amqp_open();
+	char yaml[512], health[256];
 	PGconn *locker;
 	int64_t locked, stalled;
 	pid_t pid;
 
-	tl_queue(a, "dmn.stall", "", "");
-	tl_amqp_close(a);
 	snprintf(yaml, sizeof(yaml), "http.listen: \"127.0.0.1:%d\"\n"
 	    "redis.key: \"dmn:leader:stall\"\nrelay.poll_interval: 200ms\n"
 	    "rabbitmq.confirm_timeout: 1s\nrabbitmq.connect_timeout: 1s\n"
 	    "postgres.connect_timeout: 1s\nredis.connect_timeout: 1s\n",
 	    http_port());
-	tl_config_write(cfg, sizeof(cfg), yaml);
-	pid = tl_outboxd_start_file(cfg);
+	pid = start_with_queue("dmn.stall", yaml);
 	ck_assert_int_eq(wait_health(200, health, sizeof(health), 30000), 200);
 
 	locker = tl_pg();
@@ -1020,6 +1029,17 @@ START_TEST(test_metrics_and_health)
 	ck_assert_str_eq(health, "ok\n");
 	ck_assert_int_eq(tl_http_get(http_port(), "/nope", health,
 	    sizeof(health)), 404);
+
+	/* First connections are no reconnects. */
+	for (int i = 0; i < 3; i++) {
+		static const char *const server[] = { "postgres", "rabbitmq",
+			"redis" };
+		char name[80];
+
+		snprintf(name, sizeof(name), "outboxd_reconnects_total"
+		    "{server=\"%s\"}", server[i]);
+		ck_assert_double_eq(metric(body, name), 0);
+	}
 
 	/* RabbitMQ goes away: unhealthy, naming it. */
 	tl_servers("stop", "rabbitmq");

@@ -562,6 +562,28 @@ metrics_show(int port, const char *needle)
 	}
 }
 
+/* Polls /metrics until the sample `name` reads at least want. */
+static bool
+wait_metric_ge(int port, const char *name, double want)
+{
+	static char buf[65536];
+	int64_t deadline = tl_ms() + 5000;
+	size_t len = strlen(name);
+
+	for (;;) {
+		const char *p;
+
+		metrics_get(port, buf, sizeof(buf));
+		for (p = strstr(buf, name); p != NULL; p = strstr(p + 1, name))
+			if ((p == buf || p[-1] == '\n') && p[len] == ' ' &&
+			    strtod(p + len + 1, NULL) >= want)
+				return true;
+		if (tl_ms() >= deadline)
+			return false;
+		nap_ms(50);
+	}
+}
+
 /* --- fixtures ------------------------------------------------------------ */
 
 static void
@@ -805,9 +827,12 @@ START_TEST(test_redis_outage_falls_back_to_postgres)
 	ck_assert(wait_log(p[1], "outboxd ready", 30000));
 	/* Leader or not, each instance shows what it elects with (what
 	 * the OutboxNoLeader alert of docs/METRICS.md relies on). */
-	for (int i = 0; i < 2; i++)
+	for (int i = 0; i < 2; i++) {
 		ck_assert_msg(metrics_show(port[i], "outboxd_leader_backend"
 		    "{backend=\"redis\"} 1"), "instance %d", i);
+		ck_assert(metrics_show(port[i], "outboxd_reconnects_total"
+		    "{server=\"redis\"} 0\n"));
+	}
 	first = enqueue("leader.outage", "a", N1);
 	/* One more id: the exhausted row's, which must never arrive. */
 	tally_init(&t, first, N1 + N2 + N3 + 1);
@@ -870,6 +895,12 @@ START_TEST(test_redis_outage_falls_back_to_postgres)
 	key_back = tl_ms() - started;
 	for (int i = 0; i < 2; i++)
 		ck_assert(wait_log(p[i], "redis is back", 30000));
+	/* Each instance connected to Redis again: a reconnect (the first
+	 * connection was none, checked above). */
+	for (int i = 0; i < 2; i++)
+		ck_assert_msg(wait_metric_ge(port[i], "outboxd_reconnects_total"
+		    "{server=\"redis\"}", 1), "instance %d counted no redis "
+		    "reconnect", i);
 	ck_assert_int_eq(tl_wait_sql_int(db, 0, 10000, "SELECT count(*) FROM "
 	    "pg_locks WHERE locktype = 'advisory' AND objid = 7400314"), 0);
 	lock_gone = tl_ms() - started;
