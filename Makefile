@@ -2,7 +2,8 @@
 #
 #   make                 build build/outboxd
 #   make test            install missing packages, build, run every Check suite
-#                        (unit, then integration against private servers)
+#                        (unit, then integration against private servers),
+#                        then 60 s of fuzzing
 #   make run             start private servers under .run/ and run outboxd
 #   make stop            stop the servers that `make run` started
 #   make SANITIZER=address,undefined test
