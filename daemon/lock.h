@@ -36,8 +36,8 @@ enum lock_state {
  *   held until ttl − ttl/3, then LOST whatever Redis says or whether it
  *   can be reached at all;
  *   not held: try to acquire every ttl/3;
- *   unreachable: reconnect after 1 s, doubling to 10 s (see
- *   lock_set_reconnect).
+ *   unreachable: reconnect after 1 s, doubling to 10 s, unless
+ *   lock_set_reconnect says otherwise (the daemon passes reconnect.*).
  * One lock_tick never blocks longer than about connect_timeout_ms (one
  * budget for connect, AUTH, SELECT and the command), except for DNS.
  *

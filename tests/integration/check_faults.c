@@ -1123,7 +1123,8 @@ START_TEST(test_redis_outage_mid_stream)
 	tl_servers("start", "redis");
 	t_up = tl_ms();
 	s.down_ms[0] = t_up - t0;
-	/* Reconnects back off up to 10 s: give it that and more. */
+	/* Redis reconnects back off up to reconnect.max (1 s in the test
+	 * config): 60 s is ample. */
 	deadline = tl_ms() + 60000;
 	while (!tl_log_contains(pid, "redis is back") && tl_ms() < deadline)
 		nap_ms(100);
