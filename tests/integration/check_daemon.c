@@ -233,23 +233,6 @@ assert_nothing_locked(void)
 	    "t_transactional_message FOR UPDATE NOWAIT) s");
 }
 
-/* The value of the first sample line starting with `name ` (name may
- * carry labels); NAN when there is none. */
-static double
-metric(const char *text, const char *name)
-{
-	size_t len = strlen(name);
-
-	for (const char *p = text; p != NULL && *p != '\0';) {
-		if (strncmp(p, name, len) == 0 && p[len] == ' ')
-			return strtod(p + len + 1, NULL);
-		p = strchr(p, '\n');
-		if (p != NULL)
-			p++;
-	}
-	return NAN;
-}
-
 static int
 http_port(void)
 {
@@ -266,7 +249,7 @@ wait_metric(const char *name, double want, int timeout_ms)
 
 	for (;;) {
 		v = tl_http_get(http_port(), "/metrics", body, sizeof(body))
-		    == 200 ? metric(body, name) : NAN;
+		    == 200 ? tl_metric(body, name) : NAN;
 		if (v == want || tl_ms() >= deadline)
 			return v;
 		usleep(100 * 1000);
@@ -280,7 +263,7 @@ metric_now(const char *name)
 	static char body[1 << 17];
 
 	return tl_http_get(http_port(), "/metrics", body, sizeof(body)) ==
-	    200 ? metric(body, name) : NAN;
+	    200 ? tl_metric(body, name) : NAN;
 }
 
 /* Polls /healthz until it answers `code`; its body goes to body. */
@@ -994,23 +977,23 @@ START_TEST(test_metrics_and_health)
 	ck_assert_double_eq(wait_metric("outboxd_rows_dead", 1, 10000), 1);
 	ck_assert_int_eq(tl_http_get(http_port(), "/metrics", body,
 	    sizeof(body)), 200);
-	ck_assert_double_eq(metric(body,
+	ck_assert_double_eq(tl_metric(body,
 	    "outboxd_messages_published_total"), N);
-	ck_assert_double_ge(metric(body, "outboxd_messages_dead_total"), 1);
-	ck_assert_double_ge(metric(body, "outboxd_messages_failed_total"
+	ck_assert_double_ge(tl_metric(body, "outboxd_messages_dead_total"), 1);
+	ck_assert_double_ge(tl_metric(body, "outboxd_messages_failed_total"
 	    "{reason=\"rejected\"}"), 1);
-	ck_assert_double_eq(metric(body, "outboxd_connection_up"
+	ck_assert_double_eq(tl_metric(body, "outboxd_connection_up"
 	    "{server=\"postgres\"}"), 1);
-	ck_assert_double_eq(metric(body, "outboxd_connection_up"
+	ck_assert_double_eq(tl_metric(body, "outboxd_connection_up"
 	    "{server=\"rabbitmq\"}"), 1);
-	ck_assert_double_eq(metric(body, "outboxd_connection_up"
+	ck_assert_double_eq(tl_metric(body, "outboxd_connection_up"
 	    "{server=\"redis\"}"), 1);
-	ck_assert_double_eq(metric(body, "outboxd_leader_backend"
+	ck_assert_double_eq(tl_metric(body, "outboxd_leader_backend"
 	    "{backend=\"redis\"}"), 1);
-	ck_assert_double_eq(metric(body, "outboxd_rows_pending"), 0);
+	ck_assert_double_eq(tl_metric(body, "outboxd_rows_pending"), 0);
 	/* relay.workers (2 by default): the main relay and one worker, both
 	 * connected. */
-	ck_assert_double_eq(metric(body, "outboxd_relays"), 2);
+	ck_assert_double_eq(tl_metric(body, "outboxd_relays"), 2);
 	ck_assert_double_eq(wait_metric("outboxd_relays_connected", 2, 10000),
 	    2);
 	ck_assert_msg(strstr(body, "\noutboxd_build_info{version=\"") !=
@@ -1019,11 +1002,11 @@ START_TEST(test_metrics_and_health)
 	    "histogram\n") != NULL, "no histogram type:\n%s", body);
 	ck_assert_msg(strstr(body, "\noutboxd_batch_duration_seconds_bucket"
 	    "{le=\"+Inf\"} ") != NULL, "no +Inf bucket:\n%s", body);
-	ck_assert_double_ge(metric(body,
+	ck_assert_double_ge(tl_metric(body,
 	    "outboxd_batch_duration_seconds_count"), 1);
-	ck_assert_double_ge(metric(body, "outboxd_confirm_duration_seconds"
+	ck_assert_double_ge(tl_metric(body, "outboxd_confirm_duration_seconds"
 	    "_count"), 1);
-	ck_assert(!isnan(metric(body, "outboxd_batch_duration_seconds_sum")));
+	ck_assert(!isnan(tl_metric(body, "outboxd_batch_duration_seconds_sum")));
 	ck_assert_int_eq(tl_http_get(http_port(), "/healthz", health,
 	    sizeof(health)), 200);
 	ck_assert_str_eq(health, "ok\n");
@@ -1038,7 +1021,7 @@ START_TEST(test_metrics_and_health)
 
 		snprintf(name, sizeof(name), "outboxd_reconnects_total"
 		    "{server=\"%s\"}", server[i]);
-		ck_assert_double_eq(metric(body, name), 0);
+		ck_assert_double_eq(tl_metric(body, name), 0);
 	}
 
 	/* RabbitMQ goes away: unhealthy, naming it. */
@@ -1183,7 +1166,7 @@ START_TEST(test_secrets_never_logged)
 	ck_assert_int_eq(tl_http_get(http_port(), "/metrics", body,
 	    sizeof(body)), 200);
 	assert_no_secret("/metrics", body);
-	ck_assert_double_eq(metric(body,
+	ck_assert_double_eq(tl_metric(body,
 	    "outboxd_messages_published_total"), 10);
 	/* A changed password file on reload: named, never shown. */
 	spit(pwfile, RABBIT_SECRET2 "\n", 0600);

@@ -568,16 +568,11 @@ wait_metric_ge(int port, const char *name, double want)
 {
 	static char buf[65536];
 	int64_t deadline = tl_ms() + 5000;
-	size_t len = strlen(name);
 
 	for (;;) {
-		const char *p;
-
 		metrics_get(port, buf, sizeof(buf));
-		for (p = strstr(buf, name); p != NULL; p = strstr(p + 1, name))
-			if ((p == buf || p[-1] == '\n') && p[len] == ' ' &&
-			    strtod(p + len + 1, NULL) >= want)
-				return true;
+		if (tl_metric(buf, name) >= want)
+			return true;
 		if (tl_ms() >= deadline)
 			return false;
 		nap_ms(50);

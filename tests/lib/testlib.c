@@ -8,6 +8,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
@@ -797,6 +798,21 @@ tl_port_open(int port)
 		return false;
 	close(fd);
 	return true;
+}
+
+double
+tl_metric(const char *text, const char *name)
+{
+	size_t len = strlen(name);
+
+	for (const char *p = text; p != NULL && *p != '\0';) {
+		if (strncmp(p, name, len) == 0 && p[len] == ' ')
+			return strtod(p + len + 1, NULL);
+		p = strchr(p, '\n');
+		if (p != NULL)
+			p++;
+	}
+	return NAN;
 }
 
 int

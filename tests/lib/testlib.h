@@ -118,6 +118,9 @@ int tl_outboxd_cli(char *out, size_t outsz, char *err, size_t errsz,
  * body[size].  Returns the status code, or -1 when the server cannot be
  * reached or answers nonsense. */
 int tl_http_get(int port, const char *path, char *body, size_t size);
+/* In a /metrics text, the value of the first sample line that starts
+ * with `name ` (name may carry labels); NAN when there is none. */
+double tl_metric(const char *text, const char *name);
 /* Whether key exists in the private Redis (an independent client). */
 bool tl_redis_exists(const char *key);
 /* SIGSTOP (true) or SIGCONT (false) to the private RabbitMQ: a broker that
