@@ -82,6 +82,9 @@ const struct key cfg_keys[] = {
 	{ .name = "postgres.connect_timeout", .type = T_DURATION,
 	  .off = OFF(store.connect_timeout_ms), .def = "5s",
 	  .min = MS(100), .max = MIN(5) },
+	{ .name = "postgres.lock_timeout", .type = T_DURATION,
+	  .off = OFF(store.lock_timeout_ms), .def = "5s",
+	  .min = 0, .max = MIN(5) },
 	{ .name = "postgres.application_name", .type = T_STRING,
 	  .off = OFF(store.application_name), .def = "outboxd" },
 

@@ -131,7 +131,8 @@ struct daemon {
  * before /healthz calls it stalled: the longest step its timeouts allow
  * (a batch's confirms, then a connect to each server, every RabbitMQ
  * node in turn), and at least 10 s, so that a slow fsync is no alarm.
- * A claim or mark blocked on a lock has no timeout: this catches it.
+ * A mark blocked on a lock has no timeout, nor has a claim with
+ * postgres.lock_timeout 0: this catches them.
  */
 static int64_t
 stall_limit(const struct config *cfg)
@@ -199,6 +200,10 @@ report_state(struct daemon *d)
 	else if (workers_stalled_ms(d->workers) > d->stall_limit_ms)
 		metrics_set_health(false, "stalled: a relay worker has not "
 		    "reported");
+	else if (relay_failing_ms(d->relay) > 0 ||
+	    workers_failing(d->workers) > 0)
+		metrics_set_health(false, "failing: claims or marks fail on "
+		    "postgres (see the log)");
 	else
 		metrics_set_health(true, "");
 }

@@ -32,6 +32,12 @@ struct relay {
 	/* Whether each server was ever connected: only a connection after
 	 * that counts as a reconnect. */
 	bool store_ever_up, broker_ever_up;
+	/* A claim or mark that failed on a live session (a lock timeout, a
+	 * privilege, a full disk) is paced like a reconnect: failing at
+	 * once again would spin, and a failed mark republishes its batch. */
+	struct backoff_cursor cycle_retry;
+	int64_t cycle_retry_at;		/* monotonic ms */
+	int64_t failing_since_ms;	/* 0: the last cycle went through */
 	/* Per-batch arrays, grown to batch_size and reused. */
 	struct broker_msg *msgs;
 	struct broker_result *results;
@@ -56,6 +62,7 @@ relay_new(const struct relay_conf *conf, struct store *store,
 	relay_set_conf(r, conf);
 	backoff_cursor_init(&r->store_retry, &conf->reconnect);
 	backoff_cursor_init(&r->broker_retry, &conf->reconnect);
+	backoff_cursor_init(&r->cycle_retry, &conf->reconnect);
 	r->stats.last_progress_ms = now_mono_ms();
 	return r;
 }
@@ -81,6 +88,7 @@ relay_set_conf(struct relay *r, const struct relay_conf *conf)
 	r->conf = *conf;
 	r->store_retry.params = conf->reconnect;
 	r->broker_retry.params = conf->reconnect;
+	r->cycle_retry.params = conf->reconnect;
 	if (n <= r->cap)
 		return;
 	r->msgs = xrealloc(r->msgs, n * sizeof(*r->msgs));
@@ -263,6 +271,45 @@ prepare_message(struct relay *r, const struct outbox_row *row, size_t i,
 	return true;
 }
 
+/*
+ * A claim or mark failed: with the session still up, wait before the
+ * next cycle (the reconnect pacing), and remember since when cycles
+ * fail, for /healthz.  Returns the wait in ms (0: the session is gone,
+ * and the reconnect paces instead).
+ */
+static int64_t
+cycle_failed(struct relay *r)
+{
+	int64_t now = now_mono_ms(), wait = 0;
+
+	r->stats.store_errors++;
+	if (r->failing_since_ms == 0)
+		r->failing_since_ms = now;
+	if (store_connected(r->store)) {
+		wait = backoff_cursor_next(&r->cycle_retry);
+		r->cycle_retry_at = now + wait;
+	}
+	return wait;
+}
+
+static void
+cycle_done(struct relay *r)
+{
+	if (r->failing_since_ms != 0) {
+		log_info("relaying again", "failed_for_ms=%" PRId64,
+		    now_mono_ms() - r->failing_since_ms);
+		r->failing_since_ms = 0;
+		backoff_cursor_reset(&r->cycle_retry);
+	}
+}
+
+int64_t
+relay_failing_ms(const struct relay *r)
+{
+	return r->failing_since_ms == 0 ? 0 :
+	    now_mono_ms() - r->failing_since_ms + 1;
+}
+
 int
 relay_cycle(struct relay *r, size_t *claimed)
 {
@@ -276,14 +323,18 @@ relay_cycle(struct relay *r, size_t *claimed)
 
 	*claimed = 0;
 	if (store_claim(r->store, &opts, &batch) == -1) {
-		log_error("claim failed", "error=%s",
-		    log_quote((char[600]){ 0 }, 600, store_error(r->store)));
-		r->stats.store_errors++;
+		int64_t wait = cycle_failed(r);
+
+		log_error("claim failed", "retry_in_ms=%" PRId64 " error=%s",
+		    wait, log_quote((char[600]){ 0 }, 600,
+		    store_error(r->store)));
 		return -1;
 	}
 	*claimed = batch.n;
-	if (batch.n == 0)
+	if (batch.n == 0) {
+		cycle_done(r);
 		return 0;
+	}
 	for (size_t i = 0; i < batch.n; i++) {
 		r->marks[i].id = batch.rows[i].id;
 		r->marks[i].kind = MARK_RELEASE;
@@ -334,11 +385,14 @@ relay_cycle(struct relay *r, size_t *claimed)
 	if (store_finish(r->store, &batch, r->marks, batch.n) == -1) {
 		/* The rows roll back to due: confirmed ones will be sent
 		 * again, which at-least-once allows. */
-		log_error("marking failed", "rows=%zu error=%s", *claimed,
-		    log_quote((char[600]){ 0 }, 600, store_error(r->store)));
-		r->stats.store_errors++;
+		int64_t wait = cycle_failed(r);
+
+		log_error("marking failed", "rows=%zu retry_in_ms=%" PRId64
+		    " error=%s", *claimed, wait, log_quote((char[600]){ 0 },
+		    600, store_error(r->store)));
 		return -1;
 	}
+	cycle_done(r);
 	r->stats.batches++;
 	r->stats.last_batch_us = now_mono_us() - started;
 	r->stats.last_confirm_us = confirmed - published;
@@ -538,9 +592,16 @@ bool
 relay_step(struct relay *r, int64_t max_wait_ms)
 {
 	size_t claimed = 0;
+	int64_t paced;
 
 	if (!connections_up(r, max_wait_ms))
 		return false;
+	paced = r->cycle_retry_at - now_mono_ms();
+	if (paced > 0) {
+		nap(r, paced < max_wait_ms ? paced : max_wait_ms);
+		tick_broker(r);
+		return false;
+	}
 	if (relay_cycle(r, &claimed) == -1)
 		return false;	/* connections_up reconnects next step */
 	/* A full batch means a backlog: claim again at once.  With per-key
@@ -566,6 +627,7 @@ relay_standby(struct relay *r, int64_t max_wait_ms)
 	/* A hot standby keeps both connections up, so that it is ready
 	 * (and healthy) the moment it becomes leader, but claims nothing;
 	 * its wake-ups are read and dropped. */
+	r->failing_since_ms = 0;	/* it claims nothing to fail */
 	if (!connections_up(r, max_wait_ms))
 		return;
 	wait_for_work(r, max_wait_ms);

@@ -89,6 +89,10 @@ void relay_standby(struct relay *, int64_t max_wait_ms);
 int relay_cycle(struct relay *, size_t *claimed) WARN_UNUSED;
 
 const struct relay_stats *relay_stats(const struct relay *);
+/* How long claims or marks have failed on a live session (a table
+ * locked past postgres.lock_timeout, a missing privilege); 0 while
+ * cycles go through. */
+int64_t relay_failing_ms(const struct relay *);
 bool relay_store_up(const struct relay *);
 bool relay_broker_up(const struct relay *);
 

@@ -320,6 +320,14 @@ store_connect(struct store *s)
 	 * (sequential and bitmap scans, hash and merge joins) are ruled out
 	 * for their sessions.
 	 */
+	if (s->conf.lock_timeout_ms > 0) {
+		char set[64];
+
+		snprintf(set, sizeof(set), "SET lock_timeout = %" PRId64,
+		    s->conf.lock_timeout_ms);
+		if (exec_command(s, set) == -1)
+			goto fail;
+	}
 	if (s->conf.index_plans && exec_command(s, "SET enable_seqscan = off;"
 	    " SET enable_bitmapscan = off; SET enable_hashjoin = off;"
 	    " SET enable_mergejoin = off") == -1)
@@ -381,7 +389,7 @@ store_migrate(struct store *s)
 
 	/* An advisory lock serialises instances migrating at once; the
 	 * version table lets a second run skip what is applied. */
-	if (exec_command(s, "BEGIN") == -1 ||
+	if (exec_command(s, "BEGIN; SET LOCAL lock_timeout = 0") == -1 ||
 	    exec_command(s, "SELECT pg_advisory_xact_lock(7400313)") == -1 ||
 	    exec_command(s, "CREATE TABLE IF NOT EXISTS outboxd_migrations ("
 		"name text PRIMARY KEY,"
@@ -779,7 +787,12 @@ store_finish(struct store *s, struct store_batch *batch,
 	bool first = true;
 
 	/* One UPDATE for the sent rows, one for the failed: a batch costs
-	 * two round trips whatever its size. */
+	 * two round trips whatever its size.  The batch is published: its
+	 * marks wait for any lock (a CREATE INDEX, a REINDEX) rather than
+	 * fail and have it published again. */
+	if (s->conf.lock_timeout_ms > 0 &&
+	    exec_command(s, "SET LOCAL lock_timeout = 0") == -1)
+		goto fail;
 	buf_reset(s);
 	buf_add(s, "{", 1);
 	for (size_t i = 0; i < n; i++) {

@@ -24,6 +24,10 @@ struct store_conf {
 	/* The relay's sessions: plans kept on the indexes whatever the
 	 * statistics say (see store_connect).  Off for the CLI. */
 	bool index_plans;
+	/* Longest wait for a lock (a table locked by a migration, say)
+	 * before a statement fails; 0 = no limit.  Never applied to marks:
+	 * a mark given up on would publish its batch again. */
+	int64_t lock_timeout_ms;
 };
 
 /* Message states, as in seed 001 plus DEAD for exhausted rows. */

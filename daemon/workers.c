@@ -32,6 +32,7 @@ struct worker {
 	struct relay *relay;
 	atomic_int_least64_t heartbeat_ms;	/* end of the last step */
 	atomic_bool connected;	/* both servers up after the last step */
+	atomic_bool failing;	/* its cycles fail on a live session */
 	int kick_fd;		/* eventfd: the main relay found a backlog */
 };
 
@@ -76,6 +77,7 @@ worker_main(void *arg)
 			relay_standby(w->relay, STEP_MS);
 		atomic_store(&w->connected, relay_store_up(w->relay) &&
 		    relay_broker_up(w->relay));
+		atomic_store(&w->failing, relay_failing_ms(w->relay) > 0);
 		atomic_store(&w->heartbeat_ms, now_mono_ms());
 	}
 	return NULL;
@@ -222,6 +224,16 @@ workers_connected(const struct workers *p)
 
 	for (int i = 0; i < p->n; i++)
 		n += atomic_load(&p->w[i].connected) ? 1 : 0;
+	return n;
+}
+
+int
+workers_failing(const struct workers *p)
+{
+	int n = 0;
+
+	for (int i = 0; i < p->n; i++)
+		n += atomic_load(&p->w[i].failing) ? 1 : 0;
 	return n;
 }
 

@@ -45,6 +45,9 @@ void workers_set_conf(struct workers *, const struct relay_conf *);
 void workers_kick(struct workers *);
 /* How many workers have both connections up (as of their last step). */
 int workers_connected(const struct workers *);
+/* How many workers' claims or marks failed at their last step (see
+ * relay_failing_ms). */
+int workers_failing(const struct workers *);
 /* Milliseconds since the slowest worker last finished a step, for the
  * watchdog: a worker stuck that long is a stuck daemon. */
 int64_t workers_stalled_ms(const struct workers *);

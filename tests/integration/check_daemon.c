@@ -353,11 +353,6 @@ START_TEST(test_sigterm_finishes_the_batch)
 }
 END_TEST
 
-/*
- * Starts a daemon (extra config in extra), freezes RabbitMQ and enqueues
- * n rows: the daemon claims them all and waits for confirms that do not
- * come.  Returns with the claim transaction open and every row locked.
- */
 /* Declares queue (may be NULL) and starts a daemon with the config the
  * test library writes plus yaml. */
 static pid_t
@@ -375,6 +370,11 @@ start_with_queue(const char *queue, const char *yaml)
 	return tl_outboxd_start_file(cfg);
 }
 
+/*
+ * Starts a daemon (extra config in extra), freezes RabbitMQ and enqueues
+ * n rows: the daemon claims them all and waits for confirms that do not
+ * come.  Returns with the claim transaction open and every row locked.
+ */
 static pid_t
 start_stuck(const char *app, const char *extra, int n, char **log)
 {
@@ -634,10 +634,11 @@ START_TEST(test_redis_reconnects_follow_config)
 END_TEST
 
 /*
- * A claim blocked by a table lock waits without a timeout, and the main
- * loop with it.  /healthz must call that a stall once the stall limit
- * (here its 10 s minimum) is over, not before, and be healthy again
- * when the lock goes; the rows written meanwhile are sent then.
+ * With postgres.lock_timeout 0, a claim blocked by a table lock waits
+ * without a timeout, and the main loop with it.  /healthz must call
+ * that a stall once the stall limit (here its 10 s minimum) is over,
+ * not before, and be healthy again when the lock goes; the rows written
+ * meanwhile are sent then.
  */
 START_TEST(test_health_reports_a_stall)
 {
@@ -649,8 +650,8 @@ START_TEST(test_health_reports_a_stall)
 	snprintf(yaml, sizeof(yaml), "http.listen: \"127.0.0.1:%d\"\n"
 	    "redis.key: \"dmn:leader:stall\"\nrelay.poll_interval: 200ms\n"
 	    "rabbitmq.confirm_timeout: 1s\nrabbitmq.connect_timeout: 1s\n"
-	    "postgres.connect_timeout: 1s\nredis.connect_timeout: 1s\n",
-	    http_port());
+	    "postgres.connect_timeout: 1s\nredis.connect_timeout: 1s\n"
+	    "postgres.lock_timeout: 0\n", http_port());
 	pid = start_with_queue("dmn.stall", yaml);
 	ck_assert_int_eq(wait_health(200, health, sizeof(health), 30000), 200);
 
@@ -674,6 +675,109 @@ START_TEST(test_health_reports_a_stall)
 	ck_assert_int_eq(tl_wait_sql_int(db, 3, 30000, COUNT_STATUS(1)
 	    " AND routing_key = 'dmn.stall'"), 3);
 	ck_assert_int_eq(tl_outboxd_stop(pid, 25000), 0);
+}
+END_TEST
+
+/*
+ * postgres.lock_timeout bounds a claim's wait for a table lock: the
+ * claim fails with PostgreSQL's words, is tried again with the reconnect
+ * pacing, and /healthz says the relay is failing (not stalled) while the
+ * main loop keeps turning.  When the lock goes, the rows written under
+ * it are sent.
+ */
+START_TEST(test_lock_timeout_bounds_the_claim)
+{
+	char yaml[512], health[256], *log;
+	PGconn *locker;
+	pid_t pid;
+
+	snprintf(yaml, sizeof(yaml), "http.listen: \"127.0.0.1:%d\"\n"
+	    "redis.key: \"dmn:leader:locked\"\nrelay.poll_interval: 200ms\n"
+	    "postgres.lock_timeout: 500ms\n", http_port());
+	pid = start_with_queue("dmn.locked", yaml);
+	log = log_of(pid);
+	ck_assert_int_eq(wait_health(200, health, sizeof(health), 30000), 200);
+
+	locker = tl_pg();
+	tl_sql(locker, "BEGIN");
+	tl_sql(locker, "LOCK TABLE t_transactional_message IN ACCESS "
+	    "EXCLUSIVE MODE");
+	for (int i = 0; i < 3; i++)
+		tl_sql(locker, "SELECT outbox_enqueue('', 'dmn.locked', 'x')");
+	/* Tried again and again, each attempt logged with its pacing. */
+	ck_assert_msg(wait_log(log, "msg=\"claim failed\"", 3, 20000),
+	    "log %s", log);
+	ck_assert_int_ge(log_count(log, "retry_in_ms="), 3);
+	ck_assert_int_ge(log_count(log, "canceling statement due to lock "
+	    "timeout"), 3);
+	ck_assert_int_eq(wait_health(503, health, sizeof(health), 20000), 503);
+	ck_assert_msg(strstr(health, "failing") != NULL, "reason: %s", health);
+	/* The main loop still turns: a reload is taken while locked. */
+	kill(pid, SIGHUP);
+	ck_assert(wait_log(log, "msg=\"config reloaded\"", 1, 10000));
+
+	tl_sql(locker, "COMMIT");
+	PQfinish(locker);
+	ck_assert_int_eq(tl_wait_sql_int(db, 3, 30000, COUNT_STATUS(1)
+	    " AND routing_key = 'dmn.locked'"), 3);
+	ck_assert(wait_log(log, "msg=\"relaying again\"", 1, 10000));
+	ck_assert_int_eq(wait_health(200, health, sizeof(health), 30000), 200);
+	ck_assert_int_eq(tl_outboxd_stop(pid, 25000), 0);
+	check_logfmt(log);
+	free(log);
+}
+END_TEST
+
+/*
+ * A mark that fails on a live session (here a trigger refuses it; in
+ * life a full disk, a missing privilege) rolls its batch back, so the
+ * batch is published again.  It must be paced like a reconnect, not
+ * repeated at once: unpaced, the same message went out hundreds of
+ * times a second.  Once marks go through, the row is SUCCESS.
+ */
+START_TEST(test_failing_marks_are_paced)
+{
+	char yaml[512], health[256], *log;
+	int64_t first, fourth;
+	pid_t pid;
+
+	tl_sql(db, "CREATE OR REPLACE FUNCTION dmn_refuse_mark()"
+	    " RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+	    " RAISE EXCEPTION 'dmn: mark refused'; END $$");
+	tl_sql(db, "CREATE TRIGGER dmn_refuse_mark BEFORE UPDATE ON"
+	    " t_transactional_message FOR EACH ROW WHEN"
+	    " (NEW.message_status = 1 AND NEW.routing_key = 'dmn.markfail')"
+	    " EXECUTE FUNCTION dmn_refuse_mark()");
+	/* One relay, so that the four failures share one pacing. */
+	snprintf(yaml, sizeof(yaml), "http.listen: \"127.0.0.1:%d\"\n"
+	    "redis.key: \"dmn:leader:markfail\"\nrelay.workers: 1\n",
+	    http_port());
+	pid = start_with_queue("dmn.markfail", yaml);
+	log = log_of(pid);
+	tl_sql(db, "SELECT outbox_enqueue('', 'dmn.markfail', 'x')");
+	ck_assert_msg(wait_log(log, "msg=\"marking failed\"", 1, 20000),
+	    "log %s", log);
+	first = tl_ms();
+	ck_assert_msg(wait_log(log, "msg=\"marking failed\"", 4, 20000),
+	    "log %s", log);
+	fourth = tl_ms();
+	/* reconnect.init 100ms, doubling, equal jitter: the three waits
+	 * between the four failures take at least 350 ms together. */
+	fprintf(stderr, "marks: 4 failures over %lld ms\n",
+	    (long long)(fourth - first));
+	ck_assert_int_ge(fourth - first, 250);
+	ck_assert_msg(log_count(log, "dmn: mark refused") >= 4, "log %s", log);
+	ck_assert_int_eq(wait_health(503, health, sizeof(health), 20000), 503);
+	ck_assert_msg(strstr(health, "failing") != NULL, "reason: %s", health);
+
+	tl_sql(db, "DROP TRIGGER dmn_refuse_mark ON t_transactional_message");
+	ck_assert_int_eq(tl_wait_sql_int(db, 1, 30000, COUNT_STATUS(1)
+	    " AND routing_key = 'dmn.markfail'"), 1);
+	ck_assert_int_eq(wait_health(200, health, sizeof(health), 30000), 200);
+	ck_assert_int_eq(tl_outboxd_stop(pid, 25000), 0);
+	tl_sql(db, "DROP FUNCTION dmn_refuse_mark()");
+	check_logfmt(log);
+	free(log);
 }
 END_TEST
 
@@ -1362,6 +1466,8 @@ main(void)
 	tcase_add_test(tc, test_cli_status_dead_replay_purge_migrate);
 	tcase_add_test(tc, test_metrics_and_health);
 	tcase_add_test(tc, test_health_reports_a_stall);
+	tcase_add_test(tc, test_lock_timeout_bounds_the_claim);
+	tcase_add_test(tc, test_failing_marks_are_paced);
 	tcase_add_test(tc, test_secrets_never_logged);
 	tcase_add_test(tc, test_worker_without_connection);
 	tcase_add_test(tc, test_log_lines_are_logfmt);

@@ -157,6 +157,7 @@ START_TEST(test_defaults)
 	    "host=127.0.0.1 port=5432 dbname=outbox user=outboxd");
 	ck_assert_ptr_null(c.store.password);
 	ck_assert_int_eq(c.store.connect_timeout_ms, 5000);
+	ck_assert_int_eq(c.store.lock_timeout_ms, 5000);
 	ck_assert_str_eq(c.store.application_name, "outboxd");
 	ck_assert_uint_eq(c.broker.n_nodes, 1);
 	ck_assert_str_eq(c.broker.nodes[0].host, "127.0.0.1");
@@ -468,6 +469,10 @@ static const struct value_case {
 	{ "relay.poll_interval", "s", "!relay.poll_interval: expected a "
 	    "duration such as 250ms, 10s, 5m, 1h or 2d, got \"s\"" },
 	{ "relay.shutdown_timeout", "0", "relay.shutdown_timeout: 0" },
+	{ "postgres.lock_timeout", "0", "postgres.lock_timeout: 0" },
+	{ "postgres.lock_timeout", "5m", "postgres.lock_timeout: 5m" },
+	{ "postgres.lock_timeout", "6m", "!postgres.lock_timeout: must be "
+	    "between 0 and 5m, got 6m" },
 	{ "relay.shutdown_timeout", "000", "relay.shutdown_timeout: 0" },
 	{ "relay.shutdown_timeout", "0s", "relay.shutdown_timeout: 0" },
 	{ "relay.retention", "3650d", "relay.retention: 3650d" },
@@ -1169,7 +1174,7 @@ START_TEST(test_keys_and_dump_agree)
 		p = strchr(p, '\n') + 1;
 	}
 	ck_assert_str_eq(p, "");
-	ck_assert_uint_eq(n, 51);
+	ck_assert_uint_eq(n, 52);
 	free(dump);
 	config_free(&c);
 }
