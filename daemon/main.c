@@ -131,8 +131,8 @@ struct daemon {
  * before /healthz calls it stalled: the longest step its timeouts allow
  * (a batch's confirms, then a connect to each server, every RabbitMQ
  * node in turn), and at least 10 s, so that a slow fsync is no alarm.
- * A mark blocked on a lock has no timeout, nor has a claim with
- * postgres.lock_timeout 0: this catches them.
+ * A claim blocked on a table lock with postgres.lock_timeout 0 has no
+ * timeout: this catches it.
  */
 static int64_t
 stall_limit(const struct config *cfg)

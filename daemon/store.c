@@ -65,6 +65,9 @@
     "  '-infinity'::timestamptz), d.id"
 
 static const char claim_all_sql[] = CLAIM_SQL("");
+
+#define LOCK_FOR_MARKS \
+	"LOCK TABLE t_transactional_message IN ROW EXCLUSIVE MODE"
 static const char claim_new_sql[] = CLAIM_SQL(" AND m.message_status = 0");
 
 enum claim_col {
@@ -649,14 +652,26 @@ store_claim(struct store *s, const struct store_claim_opts *opts,
 	batch->rows = NULL;
 	batch->n = 0;
 	snprintf(limit, sizeof(limit), "%d", opts->limit);
-	/* Cached plans of the claim were made for the table as it was
-	 * then; while a backlog drains, plan each claim for the table as it
-	 * is (0.2 ms per batch), with the scans of store_connect ruled out. */
-	if (ensure_prepared(s) == -1 || exec_command(s,
-	    s->last_claim_full && s->conf.index_plans ?
-	    "BEGIN; SET LOCAL plan_cache_mode = force_custom_plan" :
-	    "BEGIN") == -1)
+	/*
+	 * The table lock the marks will need is taken first, within
+	 * lock_timeout: a lock that would block them (a CREATE INDEX, a LOCK
+	 * TABLE) then holds the claim back before anything is published,
+	 * instead of leaving a published batch unmarked.
+	 *
+	 * Cached plans of the claim were made for the table as it was then;
+	 * while a backlog drains, plan each claim for the table as it is
+	 * (0.2 ms per batch), with the scans of store_connect ruled out.
+	 */
+	if (ensure_prepared(s) == -1)
 		return -1;
+	if (exec_command(s, s->last_claim_full && s->conf.index_plans ?
+	    "BEGIN; " LOCK_FOR_MARKS "; SET LOCAL plan_cache_mode ="
+	    " force_custom_plan" : "BEGIN; " LOCK_FOR_MARKS) == -1) {
+		/* A lock timeout leaves the transaction open and failed. */
+		if (s->conn != NULL)
+			PQclear(PQexec(s->conn, "ROLLBACK"));
+		return -1;
+	}
 	s->in_transaction = true;
 	res = PQexecPrepared(s->conn, opts->include_retries ? "claim_all" :
 	    "claim_new", 2, params, NULL, NULL, 1);
@@ -787,12 +802,7 @@ store_finish(struct store *s, struct store_batch *batch,
 	bool first = true;
 
 	/* One UPDATE for the sent rows, one for the failed: a batch costs
-	 * two round trips whatever its size.  The batch is published: its
-	 * marks wait for any lock (a CREATE INDEX, a REINDEX) rather than
-	 * fail and have it published again. */
-	if (s->conf.lock_timeout_ms > 0 &&
-	    exec_command(s, "SET LOCAL lock_timeout = 0") == -1)
-		goto fail;
+	 * two round trips whatever its size. */
 	buf_reset(s);
 	buf_add(s, "{", 1);
 	for (size_t i = 0; i < n; i++) {

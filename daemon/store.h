@@ -25,8 +25,9 @@ struct store_conf {
 	 * statistics say (see store_connect).  Off for the CLI. */
 	bool index_plans;
 	/* Longest wait for a lock (a table locked by a migration, say)
-	 * before a statement fails; 0 = no limit.  Never applied to marks:
-	 * a mark given up on would publish its batch again. */
+	 * before a statement fails; 0 = no limit.  A claim takes the table
+	 * lock its marks need before it claims (store_claim), so a mark
+	 * only ever waits for an index's lock, briefly. */
 	int64_t lock_timeout_ms;
 };
 

@@ -728,6 +728,75 @@ START_TEST(test_lock_timeout_bounds_the_claim)
 }
 END_TEST
 
+static int
+cycles_failed(const char *log)
+{
+	return log_count(log, "msg=\"claim failed\"") +
+	    log_count(log, "msg=\"marking failed\"");
+}
+
+/*
+ * A lock that lets the claim through but would block its marks (SHARE,
+ * which CREATE INDEX takes) must hold the claim back, before anything
+ * is published: claimed and published, the batch would wait unmarked,
+ * and a mark given up on would publish it again.  The rows, due while
+ * the lock is held, go out once, after it goes.
+ */
+START_TEST(test_lock_blocking_marks_holds_the_claim)
+{
+	char yaml[512], *log;
+	struct tl_amqp *a;
+	struct tl_msg m;
+	PGconn *locker;
+	int64_t deadline;
+	int failed;
+	pid_t pid;
+
+	snprintf(yaml, sizeof(yaml), "redis.key: \"dmn:leader:share\"\n"
+	    "relay.poll_interval: 200ms\npostgres.lock_timeout: 300ms\n");
+	pid = start_with_queue("dmn.share", yaml);
+	log = log_of(pid);
+	ck_assert(wait_log(log, "msg=\"outboxd ready\"", 1, 30000));
+	tl_sql(db, "SELECT outbox_enqueue('', 'dmn.share', 'x', delay =>"
+	    " interval '1 second') FROM generate_series(1, 2)");
+	locker = tl_pg();
+	tl_sql(locker, "BEGIN");
+	tl_sql(locker, "LOCK TABLE t_transactional_message IN SHARE MODE");
+	ck_assert_int_eq(tl_wait_sql_int(db, 2, 10000, "SELECT count(*)"
+	    " FROM t_transactional_message WHERE routing_key = 'dmn.share'"
+	    " AND next_schedule_time <= now()"), 2);
+	/* Due now: every cycle from here on would take them.  Three of
+	 * them fail at the claim, and nothing is published meanwhile. */
+	a = tl_amqp_open();
+	tl_consume(a, "dmn.share");
+	failed = cycles_failed(log);
+	deadline = tl_ms() + 20000;
+	while (cycles_failed(log) < failed + 3 && tl_ms() < deadline)
+		ck_assert_msg(!tl_next(a, 100, &m), "published under the "
+		    "lock: id %lld", m.message_id);
+	ck_assert_msg(!tl_next(a, 300, &m), "published under the lock: id "
+	    "%lld", m.message_id);
+	ck_assert_int_ge(cycles_failed(log), failed + 3);
+	ck_assert_int_eq(log_count(log, "msg=\"marking failed\""), 0);
+	ck_assert_int_eq(tl_sql_int(db, "SELECT count(*) FROM"
+	    " t_transactional_message WHERE routing_key = 'dmn.share'"
+	    " AND message_status = 0"), 2);
+
+	tl_sql(locker, "COMMIT");
+	PQfinish(locker);
+	for (int i = 0; i < 2; i++) {
+		ck_assert(tl_next(a, 10000, &m));
+		tl_msg_free(&m);
+	}
+	ck_assert_int_eq(tl_wait_sql_int(db, 2, 30000, COUNT_STATUS(1)
+	    " AND routing_key = 'dmn.share'"), 2);
+	ck_assert_msg(!tl_next(a, 500, &m), "a copy: id %lld", m.message_id);
+	tl_amqp_close(a);
+	ck_assert_int_eq(tl_outboxd_stop(pid, 25000), 0);
+	free(log);
+}
+END_TEST
+
 /*
  * A mark that fails on a live session (here a trigger refuses it; in
  * life a full disk, a missing privilege) rolls its batch back, so the
@@ -1467,6 +1536,7 @@ main(void)
 	tcase_add_test(tc, test_metrics_and_health);
 	tcase_add_test(tc, test_health_reports_a_stall);
 	tcase_add_test(tc, test_lock_timeout_bounds_the_claim);
+	tcase_add_test(tc, test_lock_blocking_marks_holds_the_claim);
 	tcase_add_test(tc, test_failing_marks_are_paced);
 	tcase_add_test(tc, test_secrets_never_logged);
 	tcase_add_test(tc, test_worker_without_connection);
