@@ -65,10 +65,11 @@
     "  '-infinity'::timestamptz), d.id"
 
 static const char claim_all_sql[] = CLAIM_SQL("");
+static const char claim_new_sql[] = CLAIM_SQL(" AND m.message_status = 0");
 
+/* The lock an UPDATE of the table takes; see store_claim. */
 #define LOCK_FOR_MARKS \
 	"LOCK TABLE t_transactional_message IN ROW EXCLUSIVE MODE"
-static const char claim_new_sql[] = CLAIM_SQL(" AND m.message_status = 0");
 
 enum claim_col {
 	COL_ID, COL_EXCHANGE, COL_EXCHANGE_TYPE, COL_ROUTING_KEY,
@@ -311,6 +312,14 @@ store_connect(struct store *s)
 		if (exec_command(s, set) == -1)
 			goto fail;
 	}
+	if (s->conf.lock_timeout_ms > 0) {
+		char set[64];
+
+		snprintf(set, sizeof(set), "SET lock_timeout = %" PRId64,
+		    s->conf.lock_timeout_ms);
+		if (exec_command(s, set) == -1)
+			goto fail;
+	}
 	/*
 	 * An outbox table's statistics are stale by nature, and PostgreSQL
 	 * keeps one plan for a prepared statement after five runs.  Planned
@@ -323,14 +332,6 @@ store_connect(struct store *s)
 	 * (sequential and bitmap scans, hash and merge joins) are ruled out
 	 * for their sessions.
 	 */
-	if (s->conf.lock_timeout_ms > 0) {
-		char set[64];
-
-		snprintf(set, sizeof(set), "SET lock_timeout = %" PRId64,
-		    s->conf.lock_timeout_ms);
-		if (exec_command(s, set) == -1)
-			goto fail;
-	}
 	if (s->conf.index_plans && exec_command(s, "SET enable_seqscan = off;"
 	    " SET enable_bitmapscan = off; SET enable_hashjoin = off;"
 	    " SET enable_mergejoin = off") == -1)
