@@ -687,8 +687,9 @@ END_TEST
  */
 START_TEST(test_lock_timeout_bounds_the_claim)
 {
-	char yaml[512], health[256], *log;
+	char yaml[512], health[256], cfg[512], out[4096], err[4096], *log;
 	PGconn *locker;
+	int64_t started;
 	pid_t pid;
 
 	snprintf(yaml, sizeof(yaml), "http.listen: \"127.0.0.1:%d\"\n"
@@ -715,6 +716,13 @@ START_TEST(test_lock_timeout_bounds_the_claim)
 	/* The main loop still turns: a reload is taken while locked. */
 	kill(pid, SIGHUP);
 	ck_assert(wait_log(log, "msg=\"config reloaded\"", 1, 10000));
+	/* A command gives up too, with PostgreSQL's words and exit 1. */
+	tl_config_write(cfg, sizeof(cfg), "postgres.lock_timeout: 500ms\n");
+	started = tl_ms();
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    cfg, "status", NULL), 1);
+	ck_assert_msg(strstr(err, "lock timeout") != NULL, "err: %s", err);
+	ck_assert_int_lt(tl_ms() - started, 10000);
 
 	tl_sql(locker, "COMMIT");
 	PQfinish(locker);
