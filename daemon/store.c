@@ -665,9 +665,10 @@ store_claim(struct store *s, const struct store_claim_opts *opts,
 	 */
 	if (ensure_prepared(s) == -1)
 		return -1;
-	if (exec_command(s, s->last_claim_full && s->conf.index_plans ?
-	    "BEGIN; " LOCK_FOR_MARKS "; SET LOCAL plan_cache_mode ="
-	    " force_custom_plan" : "BEGIN; " LOCK_FOR_MARKS) == -1) {
+	if (result_done(s, PQexec(s->conn, s->last_claim_full &&
+	    s->conf.index_plans ? "BEGIN; " LOCK_FOR_MARKS "; SET LOCAL"
+	    " plan_cache_mode = force_custom_plan" : "BEGIN; " LOCK_FOR_MARKS),
+	    "claim") == -1) {
 		/* A lock timeout leaves the transaction open and failed. */
 		if (s->conn != NULL)
 			PQclear(PQexec(s->conn, "ROLLBACK"));
