@@ -711,6 +711,9 @@ START_TEST(test_lock_timeout_bounds_the_claim)
 	ck_assert_int_ge(log_count(log, "retry_in_ms="), 3);
 	ck_assert_int_ge(log_count(log, "canceling statement due to lock "
 	    "timeout"), 3);
+	/* The leader's upkeep gives up as well, and is tried again. */
+	ck_assert_msg(wait_log(log, "msg=\"compensation failed\"", 2, 20000),
+	    "log %s", log);
 	ck_assert_int_eq(wait_health(503, health, sizeof(health), 20000), 503);
 	ck_assert_msg(strstr(health, "failing") != NULL, "reason: %s", health);
 	/* The main loop still turns: a reload is taken while locked. */
