@@ -67,6 +67,7 @@ bk_drop(struct broker *b)
 	b->conn = NULL;
 	b->pub_open = b->check_open = b->consuming = false;
 	b->broker_max_size = 0;
+	b->blocked_since_ms = 0;
 	bk_xcache_clear(b);
 }
 
@@ -119,6 +120,26 @@ bk_channel_close_ok(struct broker *b, amqp_channel_t ch)
 	return 0;
 }
 
+/*
+ * rabbitmq-c waits without a timeout for room in the socket's buffer,
+ * so a broker that stops reading (frozen, cut off) could hang a send for
+ * good.  With TCP_USER_TIMEOUT the kernel ends the connection instead
+ * when what we sent stays unacknowledged, or the broker's window shut,
+ * for as long as a batch may wait for its confirms.  Off while the
+ * broker blocks us: that connection must live until the alarm clears.
+ * Best effort, like the cork.
+ */
+static void
+bound_stuck_sends(struct broker *b, bool on)
+{
+	int fd = b->conn != NULL ? amqp_get_sockfd(b->conn) : -1;
+	unsigned ms = on ? (unsigned)bk_confirm_ms(b) : 0;
+
+	if (fd >= 0)
+		(void)setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ms,
+		    sizeof(ms));
+}
+
 /* Channel 0: the connection itself. */
 int WARN_UNUSED
 bk_conn_method(struct broker *b, const amqp_method_t *m)
@@ -130,12 +151,22 @@ bk_conn_method(struct broker *b, const amqp_method_t *m)
 		return bk_conn_closed_by_broker(b, m->decoded);
 	case AMQP_CONNECTION_BLOCKED_METHOD:
 		blocked = m->decoded;
-		log_warn("broker blocks publishing", "node=%s reason=%.*s",
-		    b->node, (int)blocked->reason.len,
+		strfmt(b->blocked_reason, sizeof(b->blocked_reason), "%.*s",
+		    (int)blocked->reason.len,
 		    (const char *)blocked->reason.bytes);
+		if (b->blocked_since_ms == 0)
+			b->blocked_since_ms = now_mono_ms();
+		bound_stuck_sends(b, false);
+		log_warn("broker blocks publishing", "node=%s reason=%s "
+		    "unconfirmed=%zu", b->node, log_quote((char[300]){ 0 },
+		    300, b->blocked_reason), b->win.outstanding);
 		return 0;
 	case AMQP_CONNECTION_UNBLOCKED_METHOD:
-		log_info("broker unblocks publishing", "node=%s", b->node);
+		log_info("broker unblocks publishing", "node=%s "
+		    "blocked_for_ms=%" PRId64, b->node, b->blocked_since_ms ?
+		    now_mono_ms() - b->blocked_since_ms : 0);
+		b->blocked_since_ms = 0;
+		bound_stuck_sends(b, true);
 		return 0;
 	default:
 		return 0;
@@ -480,12 +511,24 @@ static int WARN_UNUSED
 login(struct broker *b)
 {
 	const struct broker_conf *c = &b->conf;
-	amqp_table_entry_t name = {
-		.key = amqp_cstring_bytes("connection_name"),
-		.value = { .kind = AMQP_FIELD_KIND_UTF8,
-		    .value.bytes = amqp_cstring_bytes("outboxd") },
+	/* rabbitmq-c 0.11 does not ask for connection.blocked itself;
+	 * without it the broker blocks us under an alarm without a word,
+	 * and the batch looks like a dead connection (its own capabilities
+	 * are merged into ours). */
+	amqp_table_entry_t caps_entry = {
+		.key = amqp_cstring_bytes("connection.blocked"),
+		.value = { .kind = AMQP_FIELD_KIND_BOOLEAN,
+		    .value.boolean = 1 },
 	};
-	amqp_table_t props = { 1, &name };
+	amqp_table_entry_t entries[] = {
+		{ .key = amqp_cstring_bytes("connection_name"),
+		  .value = { .kind = AMQP_FIELD_KIND_UTF8,
+		      .value.bytes = amqp_cstring_bytes("outboxd") } },
+		{ .key = amqp_cstring_bytes("capabilities"),
+		  .value = { .kind = AMQP_FIELD_KIND_TABLE,
+		      .value.table = { 1, &caps_entry } } },
+	};
+	amqp_table_t props = { (int)ARRAY_LEN(entries), entries };
 	struct timeval tv = bk_ms_to_tv(bk_connect_ms(b));
 	amqp_rpc_reply_t r;
 	const amqp_connection_close_t *m;
@@ -540,6 +583,7 @@ connect_node(struct broker *b, const struct broker_node *node)
 		bk_drop(b);
 		return -1;
 	}
+	bound_stuck_sends(b, true);
 	/* bk_ensure_channels() drops the connection itself on failure. */
 	return bk_ensure_channels(b, now_mono_ms() + bk_connect_ms(b));
 }
@@ -591,6 +635,22 @@ broker_disconnect(struct broker *b)
 	(void)amqp_set_rpc_timeout(b->conn, &tv);
 	(void)amqp_connection_close(b->conn, AMQP_REPLY_SUCCESS);
 	bk_drop(b);
+}
+
+int64_t
+broker_blocked_ms(const struct broker *b, const char **reason)
+{
+	if (b == NULL || b->conn == NULL || b->blocked_since_ms == 0)
+		return 0;
+	if (reason != NULL)
+		*reason = b->blocked_reason;
+	return now_mono_ms() - b->blocked_since_ms + 1;
+}
+
+int
+broker_socket(const struct broker *b)
+{
+	return b != NULL && b->conn != NULL ? amqp_get_sockfd(b->conn) : -1;
 }
 
 const char *

@@ -96,13 +96,29 @@ const char *broker_error(const struct broker *);
  * confirm, filling results[i] for msgs[i].  Returns 0 when the connection
  * is still healthy (each result says what happened to its message), -1
  * when it was lost: the messages not yet confirmed are BROKER_UNKNOWN and
- * the caller must reconnect.  A message rejected by a channel close never
+ * the caller must reconnect.  When the broker blocks publishing, the rest
+ * of the batch is not sent; what is unconfirmed at the deadline is
+ * BROKER_UNKNOWN, and 0 is returned with the connection kept (see
+ * broker_blocked_ms).  A message rejected by a channel close never
  * takes the others with it: the channel is reopened and the rest resent
  * (a message the broker took just before the close but never confirmed
  * is sent again: at-least-once).  Not connected: -1, nothing sent.
  */
 int broker_publish_batch(struct broker *, const struct broker_msg *msgs,
     size_t n, struct broker_result *results) WARN_UNUSED;
+
+/*
+ * How long the broker has blocked publishing on this connection (a
+ * memory or disk alarm; connection.blocked), 0 when it does not; *reason
+ * (may be NULL) gets the broker's words.  The broker says so only once
+ * the connection publishes.  A blocked connection is kept: closing it
+ * would not take back what it sent, which the broker still delivers
+ * when the alarm clears.  Wait for broker_tick() to read the unblock.
+ */
+int64_t broker_blocked_ms(const struct broker *, const char **reason);
+/* The connection's socket, to poll() for the broker's next words; -1
+ * when not connected. */
+int broker_socket(const struct broker *);
 
 /*
  * Services heartbeats and reads what the broker sent while no batch was

@@ -79,6 +79,11 @@ struct broker {
 	bool want_return_header;	/* a basic.return's header is next */
 	char return_reason[256];
 	char close_reason[256];		/* the last close of channel 1 */
+	/* Set while the broker blocks publishing on this connection (a
+	 * memory or disk alarm): since when (monotonic ms, 0 = not) and
+	 * the broker's words. */
+	int64_t blocked_since_ms;
+	char blocked_reason[128];
 	char err[512];
 };
 

@@ -8,6 +8,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +17,9 @@
 #include "util.h"
 
 #define DRAIN_EVERY 64		/* publishes between reads of the acks */
+/* ... or fewer, when they are large: a connection.blocked is read before
+ * much more is written into a connection the broker no longer reads. */
+#define DRAIN_BYTES (64 * 1024)
 #define SHORTSTR_MAX 255	/* AMQP short strings: names, keys */
 #define DEFAULT_CONTENT_TYPE "application/octet-stream"
 
@@ -551,7 +555,11 @@ handle_frame(struct batch *bt, const amqp_frame_t *f)
  * Reads and handles one frame.  block: wait for it until the deadline
  * (returns 0 on a quiet wait too, the caller loops); otherwise take only
  * what is there and return 1 when nothing is.  -1: connection gone.
+ * PUMP_BLOCKED: the deadline passed while the broker blocks publishing,
+ * which is no sign of a dead connection.
  */
+#define PUMP_BLOCKED 2
+
 static int WARN_UNUSED
 pump(struct batch *bt, bool block)
 {
@@ -561,6 +569,8 @@ pump(struct batch *bt, bool block)
 	amqp_frame_t f;
 	int st, rc;
 
+	if (left <= 0 && b->blocked_since_ms != 0)
+		return PUMP_BLOCKED;
 	if (left <= 0)
 		return bk_conn_lost(b, "%zu confirms missing after %" PRId64
 		    " ms", b->win.outstanding, bk_confirm_ms(b));
@@ -591,6 +601,40 @@ pump_available(struct batch *bt)
 	while ((rc = pump(bt, false)) == 0 && bt->b->pub_open)
 		;
 	return rc == -1 ? -1 : 0;
+}
+
+/*
+ * Before more is written: waits until the socket has room, reading what
+ * the broker says meanwhile.  rabbitmq-c itself would wait for room
+ * without a timeout, and a broker that blocks us (an alarm) stops
+ * reading: the connection.blocked that says so is read here, and then
+ * no more is sent.  Returns 0 (room, blocked, or the channel closed) or
+ * -1 when the connection is lost, or the broker took nothing until the
+ * deadline without a word.
+ */
+static int WARN_UNUSED
+wait_for_room(struct batch *bt)
+{
+	struct broker *b = bt->b;
+
+	for (;;) {
+		struct pollfd pfd = { .fd = amqp_get_sockfd(b->conn),
+			.events = POLLOUT | POLLIN };
+		int64_t left;
+
+		if (pump_available(bt) == -1)
+			return -1;
+		if (b->blocked_since_ms != 0 || !b->pub_open)
+			return 0;
+		left = bt->deadline - now_mono_ms();
+		if (left <= 0)
+			return bk_conn_lost(b, "the broker took nothing for %"
+			    PRId64 " ms", bk_confirm_ms(b));
+		if (poll(&pfd, 1, (int)left) == -1 && errno != EINTR)
+			return bk_conn_lost(b, "poll: %s", strerror(errno));
+		if (pfd.revents & (POLLOUT | POLLERR | POLLHUP))
+			return 0;	/* a send reports an error itself */
+	}
 }
 
 static size_t
@@ -665,13 +709,16 @@ window_after_close(struct batch *bt)
  * One confirm window: publishes the pending messages (while isolating,
  * only the first bt->probe suspects), reading acks as it goes, then
  * waits for every confirm or for the channel close that ends the window.
+ * Once the broker blocks publishing, sends stop and the wait goes on
+ * until it unblocks.  Returns 0, -1 (connection lost) or 1: the deadline
+ * passed while blocked.
  */
 static int WARN_UNUSED
 batch_round(struct batch *bt)
 {
 	struct broker *b = bt->b;
 	bool isolating = batch_has_suspect(bt), closed;
-	size_t sent = 0, suspects;
+	size_t sent = 0, suspects, unread = 0;
 
 	window_reset(&b->win, b->next_tag);
 	b->want_return_header = false;
@@ -682,7 +729,8 @@ batch_round(struct batch *bt)
 	 * batch").  Uncorked before the wait, or the tail of the batch
 	 * would sit in the kernel for up to 200 ms. */
 	bk_cork(b, true);
-	for (size_t i = 0; i < bt->n && b->pub_open; i++) {
+	for (size_t i = 0; i < bt->n && b->pub_open &&
+	    b->blocked_since_ms == 0; i++) {
 		const struct slot *s = &b->slots[i];
 
 		if (s->state != SLOT_PENDING || (isolating && !s->suspect))
@@ -691,13 +739,23 @@ batch_round(struct batch *bt)
 			break;
 		if (publish_one(bt, i) == -1)
 			return -1;
-		if (++sent % DRAIN_EVERY == 0 && pump_available(bt) == -1)
-			return -1;
+		unread += bt->msgs[i].body_len;
+		if (++sent % DRAIN_EVERY == 0 || unread >= DRAIN_BYTES) {
+			unread = 0;
+			if (wait_for_room(bt) == -1)
+				return -1;
+		}
 	}
 	bk_cork(b, false);
-	while (b->pub_open && b->win.outstanding > 0) {
-		if (pump(bt, true) == -1)
+	/* Blocked with messages still to send: wait for the unblock too. */
+	while (b->pub_open && (b->win.outstanding > 0 ||
+	    (b->blocked_since_ms != 0 && batch_left(bt) > 0))) {
+		int rc = pump(bt, true);
+
+		if (rc == -1)
 			return -1;
+		if (rc == PUMP_BLOCKED)
+			return 1;
 	}
 	closed = !b->pub_open;
 	suspects = closed ? window_after_close(bt) : 0;
@@ -743,6 +801,37 @@ batch_start(struct batch *bt, struct broker *b,
 	b->batch_seq++;
 }
 
+/*
+ * The deadline passed while the broker blocks publishing.  Whatever is
+ * not settled is unknown, and goes out again later: the broker still
+ * holds what was sent, and will deliver it when it unblocks, so those
+ * messages arrive twice.  Dropping the connection would not help: the
+ * broker reads it only once it unblocks, and then delivers its messages
+ * all the same (and every new connection would block one more batch).
+ */
+static void
+batch_blocked(struct batch *bt)
+{
+	struct broker *b = bt->b;
+	size_t left = 0, unconfirmed = b->win.outstanding;
+	char why[300], q[300];
+
+	strfmt(why, sizeof(why), "the broker blocks publishing: %s",
+	    b->blocked_reason);
+	for (size_t i = 0; i < bt->n; i++) {
+		if (b->slots[i].state == SLOT_DONE)
+			continue;
+		finish(bt, i, BROKER_UNKNOWN, false, why);
+		left++;
+	}
+	/* Their late confirms fall below the next window: ignored. */
+	window_reset(&b->win, b->next_tag);
+	b->want_return_header = false;
+	log_warn("batch left unconfirmed", "node=%s unsettled=%zu "
+	    "unconfirmed=%zu reason=%s", b->node, left, unconfirmed,
+	    log_quote(q, sizeof(q), b->blocked_reason));
+}
+
 /* Whatever is not settled when the connection goes is unknown. */
 static void
 batch_abandon(struct batch *bt)
@@ -771,6 +860,7 @@ broker_publish_batch(struct broker *b, const struct broker_msg *msgs,
 	 * The bound only stops a broker that closes the channel for
 	 * reasons of its own. */
 	size_t max_rounds = 3 * n + 8;
+	int rc;
 
 	batch_start(&bt, b, msgs, n, results);
 	if (b->conn == NULL || b->consuming) {
@@ -788,8 +878,12 @@ broker_publish_batch(struct broker *b, const struct broker_msg *msgs,
 			}
 			break;
 		}
-		if (batch_prepare(&bt) == -1 || batch_round(&bt) == -1)
+		if (batch_prepare(&bt) == -1 || (rc = batch_round(&bt)) == -1)
 			goto fail;
+		if (rc == 1) {
+			batch_blocked(&bt);
+			return 0;
+		}
 	}
 	/* A batch leaves the publishing channel ready for the next, even
 	 * when its last confirm came just before its deadline. */

@@ -177,6 +177,7 @@ report_state(struct daemon *d)
 {
 	const struct leader_gauges *g = leader_gauges(d->leader);
 	bool pg = relay_store_up(d->relay), amqp = relay_broker_up(d->relay);
+	int blocked = relay_blocked_ms(d->relay) > 0;
 
 	metrics_set_connection(METRICS_SERVER_POSTGRES, pg);
 	metrics_set_connection(METRICS_SERVER_RABBITMQ, amqp);
@@ -186,7 +187,9 @@ report_state(struct daemon *d)
 	    d->redis_reconnects < n; d->redis_reconnects++)
 		metrics_inc_reconnect(METRICS_SERVER_REDIS);
 	metrics_set_relays((unsigned)((pg && amqp ? 1 : 0) +
-	    workers_connected(d->workers)), (unsigned)d->cfg->relay.workers);
+	    workers_count(d->workers, WORKER_CONNECTED)),
+	    (unsigned)(blocked + workers_count(d->workers, WORKER_BLOCKED)),
+	    (unsigned)d->cfg->relay.workers);
 	metrics_set_leader(leader_is_leader(d->leader),
 	    (enum metrics_backend)leader_backend(d->leader));
 	if (leader_is_leader(d->leader) && g->valid)
@@ -200,8 +203,11 @@ report_state(struct daemon *d)
 	else if (workers_stalled_ms(d->workers) > d->stall_limit_ms)
 		metrics_set_health(false, "stalled: a relay worker has not "
 		    "reported");
+	else if (blocked || workers_count(d->workers, WORKER_BLOCKED) > 0)
+		metrics_set_health(false, "blocked: rabbitmq blocks publishing "
+		    "(a memory or disk alarm; see the log)");
 	else if (relay_failing_ms(d->relay) > 0 ||
-	    workers_failing(d->workers) > 0)
+	    workers_count(d->workers, WORKER_FAILING) > 0)
 		metrics_set_health(false, "failing: claims or marks fail on "
 		    "postgres (see the log)");
 	else

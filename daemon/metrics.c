@@ -40,7 +40,7 @@ struct registry {
 	bool leader;
 	enum metrics_backend backend;
 	bool conn_up[METRICS_SERVER_COUNT];
-	unsigned relays, relays_connected;
+	unsigned relays, relays_connected, relays_blocked;
 	uint64_t reconnects[METRICS_SERVER_COUNT];
 	bool healthy;
 	char health_reason[128];
@@ -230,11 +230,12 @@ metrics_set_connection(enum metrics_server s, bool up)
 }
 
 void
-metrics_set_relays(unsigned connected, unsigned total)
+metrics_set_relays(unsigned connected, unsigned blocked, unsigned total)
 {
 	reg_lock();
 	reg.relays = total;
 	reg.relays_connected = connected < total ? connected : total;
+	reg.relays_blocked = blocked < total ? blocked : total;
 	reg_unlock();
 }
 
@@ -448,6 +449,9 @@ metrics_render(char *buf, size_t size)
 	out_header(&o, "outboxd_relays_connected", "gauge",
 	    "Relays whose PostgreSQL and RabbitMQ connections are both up.");
 	out_printf(&o, "outboxd_relays_connected %u\n", r.relays_connected);
+	out_header(&o, "outboxd_relays_blocked", "gauge",
+	    "Relays whose publishing RabbitMQ blocks (a resource alarm).");
+	out_printf(&o, "outboxd_relays_blocked %u\n", r.relays_blocked);
 	out_header(&o, "outboxd_reconnects_total", "counter",
 	    "Connections established again after a loss.");
 	for (i = 0; i < METRICS_SERVER_COUNT; i++)

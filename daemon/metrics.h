@@ -65,8 +65,10 @@ void metrics_observe_confirm(double seconds);
 void metrics_set_leader(bool leader, enum metrics_backend);
 void metrics_set_connection(enum metrics_server, bool up);
 /* Relays (the main one and its workers) whose PostgreSQL and RabbitMQ
- * connections are both up, of how many run (relay.workers). */
-void metrics_set_relays(unsigned connected, unsigned total);
+ * connections are both up, and those whose publishing RabbitMQ blocks
+ * (connection.blocked), of how many run (relay.workers). */
+void metrics_set_relays(unsigned connected, unsigned blocked,
+    unsigned total);
 /* Call after a lost connection was established again. */
 void metrics_inc_reconnect(enum metrics_server);
 

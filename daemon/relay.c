@@ -588,6 +588,36 @@ tick_broker(struct relay *r)
 		broker_disconnect(r->broker);
 }
 
+/*
+ * While the broker blocks publishing (a memory or disk alarm), nothing
+ * is claimed: the rows wait in the outbox, where they cost the broker
+ * nothing.  Waits for the broker's next words (the unblock), a signal or
+ * the wake fd, within max_wait_ms.
+ */
+static void
+wait_for_unblock(struct relay *r, int64_t max_wait_ms)
+{
+	struct pollfd pfd[2] = {
+		{ .fd = -1, .events = POLLIN },
+		{ .fd = r->wake_fd, .events = POLLIN },
+	};
+
+	/* Frames rabbitmq-c read ahead never wake poll(): take them first. */
+	tick_broker(r);
+	if (broker_blocked_ms(r->broker, NULL) == 0)
+		return;
+	pfd[0].fd = broker_socket(r->broker);
+	if (poll(pfd, 2, (int)max_wait_ms) == -1 && errno != EINTR)
+		log_warn("poll failed", "error=%s", strerror(errno));
+	tick_broker(r);
+}
+
+int64_t
+relay_blocked_ms(const struct relay *r)
+{
+	return broker_blocked_ms(r->broker, NULL);
+}
+
 bool
 relay_step(struct relay *r, int64_t max_wait_ms)
 {
@@ -596,6 +626,10 @@ relay_step(struct relay *r, int64_t max_wait_ms)
 
 	if (!connections_up(r, max_wait_ms))
 		return false;
+	if (broker_blocked_ms(r->broker, NULL) > 0) {
+		wait_for_unblock(r, max_wait_ms);
+		return false;
+	}
 	paced = r->cycle_retry_at - now_mono_ms();
 	if (paced > 0) {
 		nap(r, paced < max_wait_ms ? paced : max_wait_ms);

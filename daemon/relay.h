@@ -93,6 +93,9 @@ const struct relay_stats *relay_stats(const struct relay *);
  * locked past postgres.lock_timeout, a missing privilege); 0 while
  * cycles go through. */
 int64_t relay_failing_ms(const struct relay *);
+/* How long RabbitMQ has blocked this relay's publishing (a resource
+ * alarm); 0 when it does not.  Nothing is claimed meanwhile. */
+int64_t relay_blocked_ms(const struct relay *);
 bool relay_store_up(const struct relay *);
 bool relay_broker_up(const struct relay *);
 

@@ -31,8 +31,7 @@ struct worker {
 	struct broker *broker;
 	struct relay *relay;
 	atomic_int_least64_t heartbeat_ms;	/* end of the last step */
-	atomic_bool connected;	/* both servers up after the last step */
-	atomic_bool failing;	/* its cycles fail on a live session */
+	atomic_uint state;	/* enum worker_state bits, last step's */
 	int kick_fd;		/* eventfd: the main relay found a backlog */
 };
 
@@ -47,6 +46,20 @@ struct workers {
 	struct relay_conf conf;	/* guarded by conf_lock */
 	atomic_uint conf_gen;	/* bumped by workers_set_conf */
 };
+
+static unsigned
+worker_state(const struct relay *r)
+{
+	unsigned state = 0;
+
+	if (relay_store_up(r) && relay_broker_up(r))
+		state |= WORKER_CONNECTED;
+	if (relay_failing_ms(r) > 0)
+		state |= WORKER_FAILING;
+	if (relay_blocked_ms(r) > 0)
+		state |= WORKER_BLOCKED;
+	return state;
+}
 
 static void *
 worker_main(void *arg)
@@ -75,9 +88,7 @@ worker_main(void *arg)
 			relay_step(w->relay, STEP_MS);
 		else
 			relay_standby(w->relay, STEP_MS);
-		atomic_store(&w->connected, relay_store_up(w->relay) &&
-		    relay_broker_up(w->relay));
-		atomic_store(&w->failing, relay_failing_ms(w->relay) > 0);
+		atomic_store(&w->state, worker_state(w->relay));
 		atomic_store(&w->heartbeat_ms, now_mono_ms());
 	}
 	return NULL;
@@ -140,7 +151,7 @@ workers_start(int n, bool active, const struct relay_conf *rconf,
 		relay_set_wake_fd(w->relay, p->wake_fd);
 		relay_set_kick_fd(w->relay, w->kick_fd);
 		atomic_init(&w->heartbeat_ms, now_mono_ms());
-		atomic_init(&w->connected, false);
+		atomic_init(&w->state, 0u);
 		rc = pthread_create(&w->thread, NULL, worker_main, w);
 		if (rc != 0)
 			break;
@@ -218,22 +229,12 @@ workers_kick(struct workers *p)
 }
 
 int
-workers_connected(const struct workers *p)
+workers_count(const struct workers *p, enum worker_state state)
 {
 	int n = 0;
 
 	for (int i = 0; i < p->n; i++)
-		n += atomic_load(&p->w[i].connected) ? 1 : 0;
-	return n;
-}
-
-int
-workers_failing(const struct workers *p)
-{
-	int n = 0;
-
-	for (int i = 0; i < p->n; i++)
-		n += atomic_load(&p->w[i].failing) ? 1 : 0;
+		n += (atomic_load(&p->w[i].state) & state) ? 1 : 0;
 	return n;
 }
 

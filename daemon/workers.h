@@ -43,11 +43,15 @@ void workers_set_conf(struct workers *, const struct relay_conf *);
 /* The main relay found a backlog: wake every waiting worker to claim.
  * Workers do not LISTEN, so that a NOTIFY wakes one relay, not all. */
 void workers_kick(struct workers *);
-/* How many workers have both connections up (as of their last step). */
-int workers_connected(const struct workers *);
-/* How many workers' claims or marks failed at their last step (see
- * relay_failing_ms). */
-int workers_failing(const struct workers *);
+/* What a worker's last step left it in; a worker may be in several. */
+enum worker_state {
+	WORKER_CONNECTED = 1,	/* both connections up */
+	WORKER_FAILING = 2,	/* claims or marks fail (relay_failing_ms) */
+	WORKER_BLOCKED = 4,	/* RabbitMQ blocks it (relay_blocked_ms) */
+};
+
+/* How many workers were in state (as of their last step). */
+int workers_count(const struct workers *, enum worker_state);
 /* Milliseconds since the slowest worker last finished a step, for the
  * watchdog: a worker stuck that long is a stuck daemon. */
 int64_t workers_stalled_ms(const struct workers *);

@@ -43,14 +43,30 @@ clear_leader_keys(void)
 	redisFree(c);
 }
 
+static void memory_alarm(bool on);
+
+/* Set while a test holds RabbitMQ under a memory alarm. */
+static const char *
+alarm_marker(void)
+{
+	static char path[512];
+
+	snprintf(path, sizeof(path), "%s/dmn-memory-alarm",
+	    tl_env("OUTBOXD_SERVERS_DIR"));
+	return path;
+}
+
 static void
 setup(void)
 {
-	/* A test that failed half-way may have left the broker frozen or
-	 * stopped: the next one starts from servers that answer. */
+	/* A test that failed half-way may have left the broker frozen,
+	 * stopped or under an alarm: the next one starts from servers that
+	 * answer. */
 	tl_rabbitmq_freeze(false);
 	if (!tl_port_open(atoi(tl_env("OUTBOXD_AMQP_PORT"))))
 		tl_servers("start", "rabbitmq");
+	if (access(alarm_marker(), F_OK) == 0)
+		memory_alarm(false);
 	clear_leader_keys();
 	db = tl_pg();
 	tl_reset_db(db);
@@ -279,6 +295,28 @@ wait_health(int code, char *body, size_t size, int timeout_ms)
 			return got;
 		usleep(100 * 1000);
 	}
+}
+
+/* The shell command for rabbitmqctl ARGS against the test node. */
+static const char *
+rabbitmqctl_cmd(char *cmd, size_t size, const char *args)
+{
+	snprintf(cmd, size, "HOME='%s/rabbitmq' "
+	    "/usr/lib/rabbitmq/bin/rabbitmqctl -q -n '%s' %s",
+	    tl_env("OUTBOXD_SERVERS_DIR"), tl_env("OUTBOXD_RABBIT_NODE"),
+	    args);
+	return cmd;
+}
+
+/* rabbitmqctl ARGS against the test node; its exit status. */
+static int
+rabbitmqctl(const char *args)
+{
+	char cmd[1024], quiet[1100];
+
+	rabbitmqctl_cmd(cmd, sizeof(cmd), args);
+	snprintf(quiet, sizeof(quiet), "%s >/dev/null 2>&1", cmd);
+	return system(quiet);
 }
 
 /* --- signals ------------------------------------------------------------- */
@@ -861,6 +899,157 @@ START_TEST(test_failing_marks_are_paced)
 }
 END_TEST
 
+/* --- the broker stops reading -------------------------------------------- */
+
+/*
+ * Raises or clears a RabbitMQ memory alarm: a watermark far below what
+ * the node uses, or back to tests/servers.sh's 0.2.
+ */
+static void
+memory_alarm(bool on)
+{
+	const char *args = on ? "set_vm_memory_high_watermark 0.0001" :
+	    "set_vm_memory_high_watermark 0.2";
+
+	if (on)
+		spit(alarm_marker(), "on\n", 0644);
+	ck_assert_msg(rabbitmqctl(args) == 0, "rabbitmqctl %s failed", args);
+	if (!on)
+		(void)unlink(alarm_marker());
+}
+
+/* start_with_queue, then waits until the daemon is ready; *log gets a
+ * copy of its log's path. */
+static pid_t
+start_ready(const char *queue, const char *yaml, char **log)
+{
+	pid_t pid = start_with_queue(queue, yaml);
+
+	*log = log_of(pid);
+	ck_assert_msg(wait_log(*log, "msg=\"outboxd ready\"", 1, 30000),
+	    "outboxd did not become ready: log %s", *log);
+	return pid;
+}
+
+/* n rows of about `size` bytes each for queue; the last id. */
+static long long
+enqueue_sized(const char *queue, int n, int size)
+{
+	tl_sql(db, "SELECT outbox_enqueue('', '%s', repeat('x', %d) || g) "
+	    "FROM generate_series(1, %d) g", queue, size, n);
+	return tl_sql_int(db, "SELECT max(id) FROM t_transactional_message");
+}
+
+/*
+ * A RabbitMQ resource alarm (memory here; a full disk is the same): the
+ * broker stops reading the connections that publish, and says so with
+ * connection.blocked.  outboxd must stop sending and keep its
+ * connections: the broker reads a dropped one all the same once the
+ * alarm clears, and delivers what it held, and each new connection would
+ * block one more batch.  The rows stay due (none counts as a failure),
+ * /healthz and /metrics say why, and when the alarm clears every row is
+ * sent; only what the broker held when it blocked arrives twice.
+ */
+START_TEST(test_memory_alarm_holds_the_relay)
+{
+	enum { N = 3000, BATCH = 1000 };
+	char yaml[512], health[256], *log, *text;
+	unsigned *counts = calloc(N, sizeof(*counts));
+	long long last, first;
+	size_t got;
+	pid_t pid;
+
+	ck_assert_ptr_nonnull(counts);
+	snprintf(yaml, sizeof(yaml), "http.listen: \"127.0.0.1:%d\"\n"
+	    "redis.key: \"dmn:leader:alarm\"\nrabbitmq.confirm_timeout: 4s\n"
+	    "relay.batch_size: %d\n", http_port(), BATCH);
+	pid = start_ready("dmn.alarm", yaml, &log);
+	memory_alarm(true);
+	/* 4 KB messages: a batch is more than the sockets buffer. */
+	last = enqueue_sized("dmn.alarm", N, 4000);
+	first = last - N + 1;
+	ck_assert_msg(wait_log(log, "msg=\"broker blocks publishing\"", 1,
+	    20000), "the broker's block was not noticed: log %s", log);
+	ck_assert_msg(wait_log(log, "msg=\"batch left unconfirmed\"", 1,
+	    20000), "log %s", log);
+	ck_assert_int_eq(wait_health(503, health, sizeof(health), 10000), 503);
+	ck_assert_msg(strstr(health, "blocked") != NULL, "reason: %s", health);
+	ck_assert_double_ge(metric_now("outboxd_relays_blocked"), 1);
+
+	/* Two confirm timeouts under the alarm: the connections stay and
+	 * no batch is tried again (the old relay dropped its connection
+	 * at every timeout and sent the batch again on a new one). */
+	usleep(8 * 1000 * 1000);
+	text = slurp(log);
+	ck_assert_msg(strstr(text, "reason=\"low on memory\"") != NULL,
+	    "log %s", log);
+	ck_assert_int_eq(count_in(text, "msg=\"broker connection lost\""), 0);
+	ck_assert_int_le(count_in(text, "msg=\"batch left unconfirmed\""), 2);
+	free(text);
+	ck_assert_double_eq(metric_now(
+	    "outboxd_reconnects_total{server=\"rabbitmq\"}"), 0);
+	ck_assert_int_eq(tl_sql_int(db, COUNT_STATUS(1)), 0);
+	ck_assert_int_eq(tl_sql_int(db, "SELECT count(*) FROM "
+	    "t_transactional_message WHERE current_retry_times > 0"), 0);
+
+	memory_alarm(false);
+	ck_assert_int_eq(tl_wait_sql_int(db, N, 60000, COUNT_STATUS(1)), N);
+	ck_assert_msg(wait_log(log, "msg=\"broker unblocks publishing\"", 1,
+	    10000), "log %s", log);
+	ck_assert_int_eq(wait_health(200, health, sizeof(health), 10000), 200);
+	ck_assert_double_eq(wait_metric("outboxd_relays_blocked", 0, 10000),
+	    0);
+	got = receive("dmn.alarm", counts, first, N, N, 3000);
+	for (long long i = 0; i < N; i++)
+		ck_assert_msg(counts[i] > 0, "row %lld never arrived", first + i);
+	fprintf(stderr, "alarm: %d rows, %zu deliveries\n", N, got);
+	/* At most the two relays' batches can be with the broker. */
+	ck_assert_uint_le(got, N + 2 * BATCH);
+	ck_assert_int_eq(tl_outboxd_stop(pid, 25000), 0);
+	/* Nor after the alarm: the broker works off what it held first,
+	 * within a confirm timeout. */
+	ck_assert_int_eq(log_count(log, "msg=\"broker connection lost\""), 0);
+	check_logfmt(log);
+	free(counts);
+	free(log);
+}
+END_TEST
+
+/*
+ * A broker that stops reading (frozen here; a cut-off network is the
+ * same) while a batch larger than the socket buffers goes out.
+ * rabbitmq-c waits for room in the socket without a timeout: the relay
+ * must give up at the confirm timeout instead, reconnect once the broker
+ * is back, and send every row.
+ */
+START_TEST(test_frozen_broker_bounds_a_large_batch)
+{
+	enum { N = 2000 };
+	char yaml[512], *log;
+	int64_t frozen, lost;
+	pid_t pid;
+
+	snprintf(yaml, sizeof(yaml), "http.listen: \"127.0.0.1:%d\"\n"
+	    "redis.key: \"dmn:leader:bigfreeze\"\nrelay.workers: 1\n"
+	    "relay.batch_size: %d\nrabbitmq.confirm_timeout: 2s\n"
+	    "rabbitmq.connect_timeout: 2s\n", http_port(), N);
+	pid = start_ready("dmn.bigfreeze", yaml, &log);
+	tl_rabbitmq_freeze(true);
+	frozen = tl_ms();
+	/* 16 MB in one batch. */
+	(void)enqueue_sized("dmn.bigfreeze", N, 8000);
+	ck_assert_msg(wait_log(log, "msg=\"broker connection lost\"", 1,
+	    20000), "the batch hung in a send: log %s", log);
+	lost = tl_ms() - frozen;
+	fprintf(stderr, "frozen: connection given up %lld ms after the "
+	    "freeze\n", (long long)lost);
+	tl_rabbitmq_freeze(false);
+	ck_assert_int_eq(tl_wait_sql_int(db, N, 60000, COUNT_STATUS(1)), N);
+	ck_assert_int_eq(tl_outboxd_stop(pid, 25000), 0);
+	free(log);
+}
+END_TEST
+
 /* --- the command line ---------------------------------------------------- */
 
 START_TEST(test_check_config_and_usage)
@@ -1257,28 +1446,6 @@ END_TEST
 #define RABBIT_SECRET2 "Rabb1t-Changed-dmn-0816"
 #define REDIS_SECRET "Red1s-S3cret-dmn-1234"
 
-/* The shell command for rabbitmqctl ARGS against the test node. */
-static const char *
-rabbitmqctl_cmd(char *cmd, size_t size, const char *args)
-{
-	snprintf(cmd, size, "HOME='%s/rabbitmq' "
-	    "/usr/lib/rabbitmq/bin/rabbitmqctl -q -n '%s' %s",
-	    tl_env("OUTBOXD_SERVERS_DIR"), tl_env("OUTBOXD_RABBIT_NODE"),
-	    args);
-	return cmd;
-}
-
-/* rabbitmqctl ARGS against the test node; its exit status. */
-static int
-rabbitmqctl(const char *args)
-{
-	char cmd[1024], quiet[1100];
-
-	rabbitmqctl_cmd(cmd, sizeof(cmd), args);
-	snprintf(quiet, sizeof(quiet), "%s >/dev/null 2>&1", cmd);
-	return system(quiet);
-}
-
 /* A RabbitMQ user whose password is recognisable, so the test can both
  * log in with it and look for it. */
 static void
@@ -1549,6 +1716,8 @@ main(void)
 	tcase_add_test(tc, test_lock_timeout_bounds_the_claim);
 	tcase_add_test(tc, test_lock_blocking_marks_holds_the_claim);
 	tcase_add_test(tc, test_failing_marks_are_paced);
+	tcase_add_test(tc, test_memory_alarm_holds_the_relay);
+	tcase_add_test(tc, test_frozen_broker_bounds_a_large_batch);
 	tcase_add_test(tc, test_secrets_never_logged);
 	tcase_add_test(tc, test_worker_without_connection);
 	tcase_add_test(tc, test_log_lines_are_logfmt);

@@ -71,6 +71,7 @@ static const struct {
 	{ "outboxd_connection_up", "gauge" },
 	{ "outboxd_relays", "gauge" },
 	{ "outboxd_relays_connected", "gauge" },
+	{ "outboxd_relays_blocked", "gauge" },
 	{ "outboxd_reconnects_total", "counter" },
 };
 
@@ -180,9 +181,10 @@ START_TEST(test_sample_syntax)
 		ck_assert_msg(*end == '\0', "bad value: %s", l);
 		samples++;
 	}
-	/* 12 plain values (relays and relays_connected among them), 6
-	 * reasons, 2 x 17 histogram lines, 3 backends, 3 + 3 per server. */
-	ck_assert_int_eq(samples, 12 + 6 + 34 + 3 + 3 + 3);
+	/* 13 plain values (relays, relays_connected and relays_blocked
+	 * among them), 6 reasons, 2 x 17 histogram lines, 3 backends,
+	 * 3 + 3 per server. */
+	ck_assert_int_eq(samples, 13 + 6 + 34 + 3 + 3 + 3);
 	free(text);
 }
 END_TEST
@@ -247,6 +249,7 @@ START_TEST(test_gauges)
 	ck_assert_line(text, "outboxd_connection_up{server=\"postgres\"} 0");
 	ck_assert_line(text, "outboxd_relays 0");
 	ck_assert_line(text, "outboxd_relays_connected 0");
+	ck_assert_line(text, "outboxd_relays_blocked 0");
 	free(text);
 
 	metrics_set_rows(10, 4, 2, 12.5);
@@ -254,7 +257,7 @@ START_TEST(test_gauges)
 	metrics_set_connection(METRICS_SERVER_POSTGRES, true);
 	metrics_set_connection(METRICS_SERVER_RABBITMQ, true);
 	metrics_set_connection(METRICS_SERVER_RABBITMQ, false);
-	metrics_set_relays(1, 3);
+	metrics_set_relays(1, 2, 3);
 	text = render();
 	ck_assert_line(text, "outboxd_rows_pending 10");
 	ck_assert_line(text, "outboxd_rows_due 4");
@@ -269,11 +272,13 @@ START_TEST(test_gauges)
 	ck_assert_line(text, "outboxd_connection_up{server=\"redis\"} 0");
 	ck_assert_line(text, "outboxd_relays 3");
 	ck_assert_line(text, "outboxd_relays_connected 1");
+	ck_assert_line(text, "outboxd_relays_blocked 2");
 	free(text);
-	/* More connected than running cannot be: capped. */
-	metrics_set_relays(5, 2);
+	/* More connected or blocked than running cannot be: capped. */
+	metrics_set_relays(5, 7, 2);
 	text = render();
 	ck_assert_line(text, "outboxd_relays_connected 2");
+	ck_assert_line(text, "outboxd_relays_blocked 2");
 	free(text);
 
 	/* Gauges are set, not added; nonsense ages read as 0. */
