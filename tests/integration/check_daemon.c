@@ -1050,6 +1050,53 @@ START_TEST(test_frozen_broker_bounds_a_large_batch)
 }
 END_TEST
 
+/*
+ * A queue at its length limit with overflow reject-publish (a policy an
+ * operator sets) nacks what does not fit.  Each nacked row fails on its
+ * own: it is rescheduled with its backoff, counted as nacked, and sent
+ * once the queue takes messages again; the rows that fit are sent once.
+ */
+START_TEST(test_full_queue_nacks_are_retried)
+{
+	enum { N = 8, LIMIT = 3 };
+	char yaml[512], *log;
+	unsigned counts[N] = { 0 };
+	long long first;
+	pid_t pid;
+
+	ck_assert_int_eq(rabbitmqctl("set_policy dmn-full '^dmn\\.full$' "
+	    "'{\"max-length\":3,\"overflow\":\"reject-publish\"}' "
+	    "--apply-to queues"), 0);
+	snprintf(yaml, sizeof(yaml), "http.listen: \"127.0.0.1:%d\"\n"
+	    "redis.key: \"dmn:leader:full\"\nrelay.workers: 1\n", http_port());
+	pid = start_ready("dmn.full", yaml, &log);
+	tl_sql(db, "SELECT outbox_enqueue('', 'dmn.full', 'm ' || g, "
+	    "init_backoff => interval '300 milliseconds', backoff_factor => 1, "
+	    "max_retry_times => 1000) "
+	    "FROM generate_series(1, %d) g", N);
+	first = tl_sql_int(db, "SELECT min(id) FROM t_transactional_message");
+	ck_assert_int_eq(tl_wait_sql_int(db, N - LIMIT, 20000, "SELECT "
+	    "count(*) FROM t_transactional_message WHERE message_status = 2 "
+	    "AND current_retry_times > 0 AND last_error LIKE '%%nack%%'"),
+	    N - LIMIT);
+	ck_assert_int_eq(tl_sql_int(db, COUNT_STATUS(1)), LIMIT);
+	ck_assert_double_ge(wait_metric(
+	    "outboxd_messages_failed_total{reason=\"nacked\"}", N - LIMIT,
+	    10000), N - LIMIT);
+
+	ck_assert_int_eq(rabbitmqctl("clear_policy dmn-full"), 0);
+	ck_assert_int_eq(tl_wait_sql_int(db, N, 30000, COUNT_STATUS(1)), N);
+	ck_assert_int_eq(tl_sql_int(db, "SELECT count(*) FROM "
+	    "t_transactional_message WHERE message_status = 3"), 0);
+	(void)receive("dmn.full", counts, first, N, N, 3000);
+	for (int i = 0; i < N; i++)
+		ck_assert_msg(counts[i] == 1, "row %lld arrived %u times",
+		    first + i, counts[i]);
+	ck_assert_int_eq(tl_outboxd_stop(pid, 25000), 0);
+	free(log);
+}
+END_TEST
+
 /* --- the command line ---------------------------------------------------- */
 
 START_TEST(test_check_config_and_usage)
@@ -1718,6 +1765,7 @@ main(void)
 	tcase_add_test(tc, test_failing_marks_are_paced);
 	tcase_add_test(tc, test_memory_alarm_holds_the_relay);
 	tcase_add_test(tc, test_frozen_broker_bounds_a_large_batch);
+	tcase_add_test(tc, test_full_queue_nacks_are_retried);
 	tcase_add_test(tc, test_secrets_never_logged);
 	tcase_add_test(tc, test_worker_without_connection);
 	tcase_add_test(tc, test_log_lines_are_logfmt);
