@@ -638,12 +638,10 @@ broker_disconnect(struct broker *b)
 }
 
 int64_t
-broker_blocked_ms(const struct broker *b, const char **reason)
+broker_blocked_ms(const struct broker *b)
 {
 	if (b == NULL || b->conn == NULL || b->blocked_since_ms == 0)
 		return 0;
-	if (reason != NULL)
-		*reason = b->blocked_reason;
 	return now_mono_ms() - b->blocked_since_ms + 1;
 }
 

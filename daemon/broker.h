@@ -109,13 +109,13 @@ int broker_publish_batch(struct broker *, const struct broker_msg *msgs,
 
 /*
  * How long the broker has blocked publishing on this connection (a
- * memory or disk alarm; connection.blocked), 0 when it does not; *reason
- * (may be NULL) gets the broker's words.  The broker says so only once
- * the connection publishes.  A blocked connection is kept: closing it
+ * memory or disk alarm; connection.blocked), 0 when it does not (the
+ * log has the broker's words).  The broker says so only once the
+ * connection publishes.  A blocked connection is kept: closing it
  * would not take back what it sent, which the broker still delivers
  * when the alarm clears.  Wait for broker_tick() to read the unblock.
  */
-int64_t broker_blocked_ms(const struct broker *, const char **reason);
+int64_t broker_blocked_ms(const struct broker *);
 /* The connection's socket, to poll() for the broker's next words; -1
  * when not connected. */
 int broker_socket(const struct broker *);

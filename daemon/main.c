@@ -177,7 +177,8 @@ report_state(struct daemon *d)
 {
 	const struct leader_gauges *g = leader_gauges(d->leader);
 	bool pg = relay_store_up(d->relay), amqp = relay_broker_up(d->relay);
-	int blocked = relay_blocked_ms(d->relay) > 0;
+	int blocked = (relay_blocked_ms(d->relay) > 0) +
+	    workers_count(d->workers, WORKER_BLOCKED);
 
 	metrics_set_connection(METRICS_SERVER_POSTGRES, pg);
 	metrics_set_connection(METRICS_SERVER_RABBITMQ, amqp);
@@ -188,7 +189,7 @@ report_state(struct daemon *d)
 		metrics_inc_reconnect(METRICS_SERVER_REDIS);
 	metrics_set_relays((unsigned)((pg && amqp ? 1 : 0) +
 	    workers_count(d->workers, WORKER_CONNECTED)),
-	    (unsigned)(blocked + workers_count(d->workers, WORKER_BLOCKED)),
+	    (unsigned)blocked,
 	    (unsigned)d->cfg->relay.workers);
 	metrics_set_leader(leader_is_leader(d->leader),
 	    (enum metrics_backend)leader_backend(d->leader));
@@ -203,7 +204,7 @@ report_state(struct daemon *d)
 	else if (workers_stalled_ms(d->workers) > d->stall_limit_ms)
 		metrics_set_health(false, "stalled: a relay worker has not "
 		    "reported");
-	else if (blocked || workers_count(d->workers, WORKER_BLOCKED) > 0)
+	else if (blocked > 0)
 		metrics_set_health(false, "blocked: rabbitmq blocks publishing "
 		    "(a memory or disk alarm; see the log)");
 	else if (relay_failing_ms(d->relay) > 0 ||

@@ -604,7 +604,7 @@ wait_for_unblock(struct relay *r, int64_t max_wait_ms)
 
 	/* Frames rabbitmq-c read ahead never wake poll(): take them first. */
 	tick_broker(r);
-	if (broker_blocked_ms(r->broker, NULL) == 0)
+	if (broker_blocked_ms(r->broker) == 0)
 		return;
 	pfd[0].fd = broker_socket(r->broker);
 	if (poll(pfd, 2, (int)max_wait_ms) == -1 && errno != EINTR)
@@ -615,7 +615,7 @@ wait_for_unblock(struct relay *r, int64_t max_wait_ms)
 int64_t
 relay_blocked_ms(const struct relay *r)
 {
-	return broker_blocked_ms(r->broker, NULL);
+	return broker_blocked_ms(r->broker);
 }
 
 bool
@@ -626,7 +626,7 @@ relay_step(struct relay *r, int64_t max_wait_ms)
 
 	if (!connections_up(r, max_wait_ms))
 		return false;
-	if (broker_blocked_ms(r->broker, NULL) > 0) {
+	if (broker_blocked_ms(r->broker) > 0) {
 		wait_for_unblock(r, max_wait_ms);
 		return false;
 	}
