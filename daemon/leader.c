@@ -15,8 +15,9 @@
 /* Bounded work per tick keeps the relay's batches flowing meanwhile. */
 #define PURGE_CHUNK 1000
 #define PURGE_CHUNKS_PER_TICK 10
-/* Finding no SUCCESS row old enough to purge reads every sent row (there
- * is no index on edit_time): do it once a minute, not every poll. */
+/* Retention is counted in days: a pass a minute keeps the table within
+ * a minute of it.  A pass that finds nothing reads a few index pages
+ * (sql/007); before that index it read every sent row. */
 #define PURGE_INTERVAL_MS 60000
 /* Compensation runs between the main relay's batches, on its session:
  * at most 1/COMPENSATION_SHARE of that session's time. */

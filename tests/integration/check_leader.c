@@ -1608,6 +1608,104 @@ START_TEST(test_retention_purges_old_sent_rows)
 }
 END_TEST
 
+/* Purges from s with a 7-day retention, in chunks of `chunk`; returns how
+ * many rows went and sets *reads to the tuples the pass read. */
+static int64_t
+purge_reads(struct store *s, int chunk, long long *reads)
+{
+	long long before, after;
+	int64_t n, deadline;
+
+	tl_sql(db, "SELECT pg_stat_force_next_flush()");
+	before = outbox_tuples_read();
+	ck_assert_msg(store_purge_sent(s, 7LL * 86400000, chunk, &n) == 0,
+	    "purge: %s", store_error(s));
+	/* A session reports its counts when idle, at most once a second;
+	 * a pass that deleted nothing may have read too little to show. */
+	deadline = tl_ms() + (n > 0 ? 15000 : 3000);
+	while ((after = outbox_tuples_read()) == before && tl_ms() < deadline)
+		nap_ms(50);
+	*reads = after - before;
+	return n;
+}
+
+/*
+ * A purge pass reads what it deletes, not the sent rows it keeps.  With
+ * 100,000 recent SUCCESS rows and 300 expired ones spread among them, a
+ * pass deletes the 300 (and their content) reading about that much, and
+ * the next one, which finds nothing, reads next to nothing.  Before
+ * sql/007 every pass read all 100,300 rows: a full scan, once a minute,
+ * of the week of sent rows the default retention keeps.  The same holds
+ * with statistics from before the rows came, and the plan reads the
+ * index, custom and generic.
+ */
+START_TEST(test_purge_reads_only_what_it_deletes)
+{
+	enum { KEPT = 100000, EXPIRED = 300, SPACING = KEPT / EXPIRED };
+	struct store_conf conf = { .conninfo =
+		(char *)tl_env("OUTBOXD_PG_CONNINFO"),
+		.connect_timeout_ms = 5000, .application_name = "purge-test",
+		.index_plans = true };
+	struct store *s = store_new(&conf);
+	static char src[200000], sql[2048], plan[16384];
+	char path[512];
+	long long reads;
+	FILE *f;
+	size_t len;
+
+	tl_sql(db, "ALTER TABLE t_transactional_message"
+	    " SET (autovacuum_enabled = off)");
+	tl_sql(db, "ANALYZE t_transactional_message");	/* an empty table */
+	tl_sql(db, "INSERT INTO t_transactional_message (id, queue_name,"
+	    " message_status, next_schedule_time, edit_time)"
+	    " SELECT g, 'leader.purge', 1, NULL, now() - CASE WHEN g %% %d = 0"
+	    " AND g <= %d THEN interval '10 days' ELSE interval '1 hour' END"
+	    " FROM generate_series(1, %d) g", SPACING, SPACING * EXPIRED,
+	    KEPT + EXPIRED);
+	tl_sql(db, "INSERT INTO t_transactional_message_content (message_id,"
+	    " content) SELECT id, '{}' FROM t_transactional_message");
+	ck_assert_int_eq(tl_sql_int(db, "SELECT count(*) FROM"
+	    " t_transactional_message WHERE edit_time < now() - interval"
+	    " '7 days'"), EXPIRED);
+	ck_assert_msg(store_connect(s) == 0, "connect: %s", store_error(s));
+
+	/* Stale statistics: the table was empty when last analyzed. */
+	ck_assert_int_eq(purge_reads(s, 100, &reads), 100);
+	ck_assert_msg(reads < 10 * 100, "a purge of 100 rows read %lld"
+	    " tuples", reads);
+	tl_sql(db, "ANALYZE t_transactional_message");
+	ck_assert_int_eq(purge_reads(s, 1000, &reads), EXPIRED - 100);
+	ck_assert_msg(reads < 10 * (EXPIRED - 100), "a purge of %d rows read"
+	    " %lld tuples", EXPIRED - 100, reads);
+	ck_assert_int_eq(purge_reads(s, 1000, &reads), 0);
+	ck_assert_msg(reads < 100, "a purge that found nothing read %lld"
+	    " tuples of %d sent rows", reads, KEPT);
+	ck_assert_int_eq(tl_sql_int(db, "SELECT count(*) FROM"
+	    " t_transactional_message"), KEPT);
+	ck_assert_int_eq(tl_sql_int(db, "SELECT count(*) FROM"
+	    " t_transactional_message_content"), KEPT);
+
+	snprintf(path, sizeof(path), "%s/daemon/store.c",
+	    tl_env("OUTBOXD_SRCDIR"));
+	f = fopen(path, "r");
+	ck_assert_msg(f != NULL, "%s: %s", path, strerror(errno));
+	len = fread(src, 1, sizeof(src) - 1, f);
+	fclose(f);
+	src[len] = '\0';
+	expand_macro(src, "#define PURGE_SENT_SQL", NULL, NULL, NULL, NULL,
+	    sql, sizeof(sql));
+	tl_sql(db, "PREPARE purge(int8, int4) AS %s", sql);
+	explain_sql("EXPLAIN EXECUTE purge(604800000, 1000)", plan,
+	    sizeof(plan));
+	ck_assert_msg(strstr(plan, "t_transactional_message_sent_idx") != NULL
+	    && strstr(plan, "Seq Scan") == NULL, "the purge does not read"
+	    " its index:\n%s", plan);
+	store_free(s);
+	tl_sql(db, "ALTER TABLE t_transactional_message"
+	    " RESET (autovacuum_enabled)");
+}
+END_TEST
+
 /* --- server address forms ------------------------------------------------ */
 
 /* Enqueues n rows for queue, runs an instance until all arrived.  The
@@ -1750,6 +1848,7 @@ main(void)
 	    test_claim_reads_its_batch_after_an_empty_table);
 	add(s, "next_due", test_next_due_with_null_and_infinite_schedules);
 	add(s, "retention", test_retention_purges_old_sent_rows);
+	add(s, "purge_reads", test_purge_reads_only_what_it_deletes);
 	add(s, "rabbitmq_nodes", test_rabbitmq_node_list_skips_dead_node);
 	add(s, "postgres_multi_host", test_postgres_multi_host_conninfo);
 	add(s, "quorum_queue", test_quorum_queue);
