@@ -12,6 +12,7 @@
 #include <fcntl.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <math.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <pthread.h>
@@ -67,13 +68,14 @@ struct opts {
 	const char *only;	/* comma list of phases, NULL = all */
 	bool sweep;		/* drain once per batch size as well */
 	int repeat;		/* runs per raw and drain figure; best kept */
+	int pairs;		/* the scale phase's alternating drains */
 	const char *queue_arg;	/* "x-name=value" for queue.declare, or NULL */
 };
 
 static struct opts O = {
 	.rows = 200000, .backlog = 1000000, .latency_s = 30, .idle_s = 30,
 	.raw_s = 6, .batch = 1000, .workers = 2, .window = 2000,
-	.repeat = 1,
+	.repeat = 1, .pairs = 5,
 };
 
 /* ---- the table ---------------------------------------------------------- */
@@ -81,7 +83,7 @@ static struct opts O = {
 struct row {
 	char figure[64];
 	char value[96];
-	char ref[200];		/* reference, ratio or breakdown */
+	char ref[400];		/* reference, ratio or breakdown */
 	char target[40];
 	char verdict[8];	/* PASS, MISS, info, FAIL (sanity) */
 	char check[128];	/* sanity: counts, states */
@@ -2549,8 +2551,45 @@ cmp_rate(const void *a, const void *b)
 	return (x > y) - (x < y);
 }
 
-#define SCALE_PAIRS 3
-_Static_assert(SCALE_PAIRS == 3, "the slowdown row prints three of each");
+#define MAX_PAIRS 20
+
+/* CPU time per message, in microseconds, from % of a core and msg/s. */
+static double
+cpu_us_per_msg(double pct, double rate)
+{
+	return rate > 0 ? pct / 100 / rate * 1e6 : 0;
+}
+
+/* Autovacuum on or off for the outbox tables of O.conninfo's database.
+ * Off during the scale phase: a vacuum or analyze that starts at its own
+ * moment falls into one side's timed drain or the other's (the server's
+ * log showed both, in one run).  The sent side's maintenance is done
+ * before each of its drains instead, outside the timing; the empty side
+ * is truncated. */
+static void
+autovacuum(bool on)
+{
+	PGconn *c = pg_open();
+
+	pg_do(c, on ? "ALTER TABLE t_transactional_message"
+	    " RESET (autovacuum_enabled)" : "ALTER TABLE"
+	    " t_transactional_message SET (autovacuum_enabled = off)");
+	pg_do(c, on ? "ALTER TABLE t_transactional_message_content"
+	    " RESET (autovacuum_enabled)" : "ALTER TABLE"
+	    " t_transactional_message_content SET (autovacuum_enabled = off)");
+	PQfinish(c);
+}
+
+static void
+vacuum_analyze(void)
+{
+	PGconn *c = pg_open();
+
+	note("scale: vacuum analyze");
+	pg_do(c, "VACUUM ANALYZE t_transactional_message");
+	pg_do(c, "VACUUM ANALYZE t_transactional_message_content");
+	PQfinish(c);
+}
 
 /*
  * The backlog (O.backlog rows) is drained from a cold start, for the peak
@@ -2561,7 +2600,9 @@ _Static_assert(SCALE_PAIRS == 3, "the slowdown row prints three of each");
  * between the two, the order flipping from pair to pair, so that the
  * drift of live drains through a run (20-30% on a shared machine)
  * falls on both sides alike.  Comparing with the drain phase's figure,
- * taken ten minutes earlier, measured that drift instead.
+ * taken ten minutes earlier, measured that drift instead.  Single pairs
+ * still differ by +-13 points, so the row gives each pair's slowdown and
+ * their standard error (--pairs, 5 by default).
  */
 static void
 phase_scale(void)
@@ -2575,8 +2616,13 @@ phase_scale(void)
 		.nq = 1, .lo = 1, .batch = O.batch, .live = true };
 	struct drain_spec sent_sp = { .tag = "scale-sent", .n = O.rows,
 		.nq = 1, .lo = O.backlog + 1, .batch = O.batch, .live = true };
-	struct drain_result big, empty[SCALE_PAIRS], sent[SCALE_PAIRS];
-	double empty_sum = 0, sent_sum = 0, slow;
+	struct drain_result big, empty[MAX_PAIRS], sent[MAX_PAIRS];
+	double empty_sum = 0, sent_sum = 0, slow, pair[MAX_PAIRS];
+	double mean = 0, var = 0;
+	double db_us[2] = { 0, 0 }, broker_us[2] = { 0, 0 };	/* sent, empty */
+	char pairs_text[160] = "";
+	size_t len = 0;
+	const int n = O.pairs;
 	long long key_scans = 0;
 	long max_hwm = 0;
 	struct row *row;
@@ -2590,10 +2636,17 @@ phase_scale(void)
 	PQfinish(c);
 	O.conninfo = scale_db;
 	outboxd_migrate();
+	autovacuum(false);
+	O.conninfo = empty_db;
+	autovacuum(false);
+	O.conninfo = scale_db;
 	drain_fresh(&big_sp, &big);
+	/* The backlog's million dead row versions, cleared now: left to
+	 * autovacuum, they were cleared during the first pair's drains. */
+	vacuum_analyze();
 	O.conninfo = empty_db;
 
-	for (int i = 0; i < SCALE_PAIRS; i++) {
+	for (int i = 0; i < n; i++) {
 		bool sent_first = i % 2 == 1;	/* the order flips per pair */
 
 		for (int j = 0; j < 2; j++) {
@@ -2605,12 +2658,7 @@ phase_scale(void)
 			}
 			/* What autovacuum would have done by now. */
 			O.conninfo = scale_db;
-			note("scale: vacuum analyze");
-			c = pg_open();
-			pg_do(c, "VACUUM ANALYZE t_transactional_message");
-			pg_do(c, "VACUUM ANALYZE "
-			    "t_transactional_message_content");
-			PQfinish(c);
+			vacuum_analyze();
 			drain(&sent_sp, &sent[i]);
 			sent_sp.lo += O.rows;
 			O.conninfo = empty_db;
@@ -2620,10 +2668,33 @@ phase_scale(void)
 			max_hwm = empty[i].hwm_kib;
 		sent_sum += sent[i].rate;
 		key_scans += sent[i].key_idx_scans;
+		/* Each pair's own slowdown: its two drains ran a minute
+		 * apart, so the pairs' spread is the figure's noise. */
+		pair[i] = 1 - sent[i].rate / empty[i].rate;
+		mean += pair[i] / n;
+		/* CPU per message: the database's is what the sent rows can
+		 * change; the broker's shows the machine's drift. */
+		db_us[0] += cpu_us_per_msg(sent[i].cpu.backend, sent[i].rate) / n;
+		db_us[1] += cpu_us_per_msg(empty[i].cpu.backend,
+		    empty[i].rate) / n;
+		broker_us[0] += cpu_us_per_msg(sent[i].cpu.beam, sent[i].rate) /
+		    n;
+		broker_us[1] += cpu_us_per_msg(empty[i].cpu.beam,
+		    empty[i].rate) / n;
+		len += (size_t)snprintf(pairs_text + len, len <
+		    sizeof(pairs_text) ? sizeof(pairs_text) - len : 0,
+		    "%s%+.1f", i > 0 ? " / " : "", 100 * pair[i]);
 	}
+	for (int i = 0; i < n; i++)
+		var += (pair[i] - mean) * (pair[i] - mean) /
+		    (n > 1 ? n - 1 : 1);
+	autovacuum(true);
+	O.conninfo = scale_db;
+	autovacuum(true);
+	O.conninfo = empty_db;
 	slow = 1 - sent_sum / empty_sum;
-	qsort(empty, SCALE_PAIRS, sizeof(*empty), cmp_rate);
-	qsort(sent, SCALE_PAIRS, sizeof(*sent), cmp_rate);
+	qsort(empty, (size_t)n, sizeof(*empty), cmp_rate);
+	qsort(sent, (size_t)n, sizeof(*sent), cmp_rate);
 	row = row_add("outboxd peak RSS, backlog");
 	strfmt(row->value, sizeof(row->value), "%.1f MiB",
 	    (double)big.hwm_kib / 1024);
@@ -2636,10 +2707,10 @@ phase_scale(void)
 	    "PASS" : "MISS");
 	drain_check(row, &big);
 	drain_row("outboxd drain, 1 queue, live, empty (median)",
-	    &empty[SCALE_PAIRS / 2], false);
+	    &empty[n / 2], false);
 	drain_row("outboxd drain, 1 queue, live, after backlog (median)",
-	    &sent[SCALE_PAIRS / 2], false);
-	for (int i = 0; i < SCALE_PAIRS; i++) {
+	    &sent[n / 2], false);
+	for (int i = 0; i < n; i++) {
 		/* Every drain is checked, not only the medians shown. */
 		if (!empty[i].ok || !sent[i].ok)
 			drain_check(row_add("a scale drain failed its check"),
@@ -2647,11 +2718,14 @@ phase_scale(void)
 	}
 	row = row_add("slowdown from sent rows");
 	strfmt(row->value, sizeof(row->value), "%+.1f%%", 100 * slow);
-	strfmt(row->ref, sizeof(row->ref), "%d alternating pairs; with "
-	    ">= %ld SUCCESS rows %.0f / %.0f / %.0f msg/s, empty %.0f / %.0f "
-	    "/ %.0f; claims by the key index: %lld", SCALE_PAIRS, O.backlog,
-	    sent[0].rate, sent[1].rate, sent[2].rate, empty[0].rate,
-	    empty[1].rate, empty[2].rate, key_scans);
+	strfmt(row->ref, sizeof(row->ref), "%d alternating pairs, each "
+	    "pair's slowdown %s%%: mean %+.1f%%, standard error %.1f points; "
+	    "with >= %ld SUCCESS rows %.0f-%.0f msg/s, empty %.0f-%.0f; "
+	    "CPU per message, sent rows vs empty: database %.1f vs %.1f us, "
+	    "broker %.1f vs %.1f us; claims by the key index: %lld", n,
+	    pairs_text, 100 * mean, 100 * sqrt(var / n), O.backlog,
+	    sent[0].rate, sent[n - 1].rate, empty[0].rate, empty[n - 1].rate,
+	    db_us[0], db_us[1], broker_us[0], broker_us[1], key_scans);
 	strfmt(row->target, sizeof(row->target), "< 5%%");
 	strfmt(row->verdict, sizeof(row->verdict), "%s",
 	    slow < TARGET_SCALE_SLOWDOWN ? "PASS" : "MISS");
@@ -2715,6 +2789,7 @@ usage(FILE *out)
 	    "  --sweep              also drain once per batch size\n"
 	    "  --repeat N           run each raw and drain figure N times, "
 	    "keep the best (1)\n"
+	    "  --pairs N            scale phase: alternating drain pairs (5)\n"
 	    "  --queue-arg K=V      declare the queues with this argument, e.g."
 	    " x-queue-mode=lazy\n");
 }
@@ -2748,6 +2823,7 @@ main(int argc, char **argv)
 		{ "only", required_argument, NULL, 'o' },
 		{ "sweep", no_argument, NULL, 's' },
 		{ "repeat", required_argument, NULL, 'n' },
+		{ "pairs", required_argument, NULL, 'P' },
 		{ "queue-arg", required_argument, NULL, 'Q' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
@@ -2775,6 +2851,7 @@ main(int argc, char **argv)
 		case 'o': O.only = optarg; break;
 		case 's': O.sweep = true; break;
 		case 'n': O.repeat = (int)num_arg(optarg, 1, 10); break;
+		case 'P': O.pairs = (int)num_arg(optarg, 1, MAX_PAIRS); break;
 		case 'Q':
 			if (strchr(optarg, '=') == NULL || optarg[0] == '=' ||
 			    strchr(optarg, '=') - optarg >= 64)
