@@ -385,6 +385,35 @@ store_drain_notifies(struct store *s)
 	return count;
 }
 
+/*
+ * A CREATE INDEX CONCURRENTLY that failed (as OPERATIONS.md suggests for
+ * a big outbox) leaves an invalid index behind.  IF NOT EXISTS accepts
+ * it and no query can use it, so the purge, say, would scan the table
+ * again without a word: name it.  A warning, not a failure: the relay
+ * works without it, and failing here would keep a deployment from
+ * starting.
+ */
+static int
+warn_invalid_indexes(struct store *s)
+{
+	PGresult *res = query(s, "migrate", "SELECT c.relname"
+	    " FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
+	    " WHERE i.indrelid IN ('t_transactional_message'::regclass,"
+	    "  't_transactional_message_content'::regclass)"
+	    " AND NOT i.indisvalid ORDER BY 1", 0, NULL, PGRES_TUPLES_OK);
+
+	if (res == NULL)
+		return -1;
+	for (int i = 0; i < PQntuples(res); i++)
+		log_warn("index not valid", "index=%s hint=%s",
+		    log_quote((char[200]){ 0 }, 200, PQgetvalue(res, i, 0)),
+		    log_quote((char[200]){ 0 }, 200, "a CREATE INDEX"
+		    " CONCURRENTLY failed: drop it and build it again"
+		    " (OPERATIONS.md)"));
+	PQclear(res);
+	return 0;
+}
+
 int
 store_migrate(struct store *s)
 {
@@ -427,7 +456,9 @@ store_migrate(struct store *s)
 		PQclear(res);
 		log_info("migration applied", "name=%s", m->name);
 	}
-	return exec_command(s, "COMMIT");
+	if (exec_command(s, "COMMIT") == -1)
+		return -1;
+	return warn_invalid_indexes(s);
 fail:
 	/* Keep the real error; the rollback's own outcome adds nothing. */
 	PQclear(PQexec(s->conn, "ROLLBACK"));

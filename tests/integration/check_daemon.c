@@ -1224,6 +1224,7 @@ START_TEST(test_cli_status_dead_replay_purge_migrate)
 	struct tl_msg m;
 	char cfg[512], id[32];
 	long long dead1, dead2, sent_id, total;
+	PGresult *res;
 	pid_t pid;
 	double age;
 
@@ -1359,6 +1360,22 @@ START_TEST(test_cli_status_dead_replay_purge_migrate)
 	}
 	ck_assert_int_eq(tl_sql_int(db, "SELECT count(*) FROM "
 	    "t_transactional_message"), total - 2);
+
+	/* An index left invalid by a failed CREATE INDEX CONCURRENTLY is
+	 * named by migrate, which still succeeds. */
+	res = PQexec(db, "CREATE UNIQUE INDEX CONCURRENTLY"
+	    " cli_test_invalid_idx ON t_transactional_message (queue_name)");
+	ck_assert_msg(PQresultStatus(res) == PGRES_FATAL_ERROR,
+	    "a unique index over duplicate queue names was built");
+	PQclear(res);
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    cfg, "migrate", NULL), 0);
+	ck_assert_msg(strstr(err, "index not valid") != NULL &&
+	    strstr(err, "index=cli_test_invalid_idx") != NULL, "err: %s", err);
+	tl_sql(db, "DROP INDEX cli_test_invalid_idx");
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    cfg, "migrate", NULL), 0);
+	ck_assert_msg(strstr(err, "index not valid") == NULL, "err: %s", err);
 	tl_amqp_close(a);
 }
 END_TEST
