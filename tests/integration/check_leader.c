@@ -1260,6 +1260,23 @@ expand_macro(const char *src, const char *define, const char *name1,
 	}
 }
 
+/* daemon/store.c's text, whose SQL macros the plan tests expand. */
+static void
+read_store_source(char *src, size_t size)
+{
+	char path[512];
+	FILE *f;
+	size_t n;
+
+	snprintf(path, sizeof(path), "%s/daemon/store.c",
+	    tl_env("OUTBOXD_SRCDIR"));
+	f = fopen(path, "r");
+	ck_assert_msg(f != NULL, "%s: %s", path, strerror(errno));
+	n = fread(src, 1, size - 1, f);
+	src[n] = '\0';
+	fclose(f);
+}
+
 /* EXPLAIN sql, custom then generic plan, as one string. */
 static void
 explain_sql(const char *sql, char *out, size_t size)
@@ -1321,19 +1338,10 @@ claimed(const char *name)
 START_TEST(test_claim_plan_stays_on_indexes)
 {
 	static char src[200000], due[1024], sql[8192], plan[32768];
-	char path[512];
 	const char *const names[] = { "claim_all", "claim_new" };
 	const char *const extras[] = { "", " AND m.message_status = 0" };
-	FILE *f;
-	size_t n;
 
-	snprintf(path, sizeof(path), "%s/daemon/store.c",
-	    tl_env("OUTBOXD_SRCDIR"));
-	f = fopen(path, "r");
-	ck_assert_msg(f != NULL, "%s: %s", path, strerror(errno));
-	n = fread(src, 1, sizeof(src) - 1, f);
-	src[n] = '\0';
-	fclose(f);
+	read_store_source(src, sizeof(src));
 	expand_macro(src, "#define DUE_PREDICATE", NULL, NULL, NULL, NULL,
 	    due, sizeof(due));
 	tl_sql(db, "INSERT INTO t_transactional_message (message_status, "
@@ -1398,6 +1406,19 @@ outbox_tuples_read(void)
 	    " WHERE relname LIKE 't_transactional_message%%')");
 }
 
+/* Tuples read since `before`, once a session's report shows them (a
+ * session reports when idle, at most once a second), or after wait_ms. */
+static long long
+reads_since(long long before, int64_t wait_ms)
+{
+	int64_t deadline = tl_ms() + wait_ms;
+	long long after;
+
+	while ((after = outbox_tuples_read()) == before && tl_ms() < deadline)
+		nap_ms(50);
+	return after - before;
+}
+
 /* Claims one batch of `limit` on s and rolls it back; returns how many
  * tuples the claim read, once its session has reported them. */
 static long long
@@ -1407,8 +1428,7 @@ claim_reads(struct store *s, bool include_retries, bool by_key, int limit,
 	struct store_claim_opts co = { .limit = limit,
 		.include_retries = include_retries, .ordered_by_key = by_key };
 	struct store_batch b;
-	long long before, after;
-	int64_t deadline;
+	long long before, reads;
 
 	/* Our own session's counts (the FK checks of the content rows
 	 * inserted just now) must be in before the snapshot. */
@@ -1418,13 +1438,10 @@ claim_reads(struct store *s, bool include_retries, bool by_key, int limit,
 	    store_error(s));
 	*claimed_rows = b.n;
 	store_abort(s, &b);
-	/* A session reports its counts when idle, at most once a second. */
-	deadline = tl_ms() + 15000;
-	while ((after = outbox_tuples_read()) == before && tl_ms() < deadline)
-		nap_ms(50);
-	ck_assert_msg(after > before, "the claim's reads never showed up in "
+	reads = reads_since(before, 15000);
+	ck_assert_msg(reads > 0, "the claim's reads never showed up in "
 	    "pg_stat_user_tables");
-	return after - before;
+	return reads;
 }
 
 /*
@@ -1613,19 +1630,15 @@ END_TEST
 static int64_t
 purge_reads(struct store *s, int chunk, long long *reads)
 {
-	long long before, after;
-	int64_t n, deadline;
+	long long before;
+	int64_t n;
 
 	tl_sql(db, "SELECT pg_stat_force_next_flush()");
 	before = outbox_tuples_read();
 	ck_assert_msg(store_purge_sent(s, 7LL * 86400000, chunk, &n) == 0,
 	    "purge: %s", store_error(s));
-	/* A session reports its counts when idle, at most once a second;
-	 * a pass that deleted nothing may have read too little to show. */
-	deadline = tl_ms() + (n > 0 ? 15000 : 3000);
-	while ((after = outbox_tuples_read()) == before && tl_ms() < deadline)
-		nap_ms(50);
-	*reads = after - before;
+	/* A pass that deleted nothing may have read too little to show. */
+	*reads = reads_since(before, n > 0 ? 15000 : 3000);
 	return n;
 }
 
@@ -1648,10 +1661,7 @@ START_TEST(test_purge_reads_only_what_it_deletes)
 		.index_plans = true };
 	struct store *s = store_new(&conf);
 	static char src[200000], sql[2048], plan[16384];
-	char path[512];
 	long long reads;
-	FILE *f;
-	size_t len;
 
 	tl_sql(db, "ALTER TABLE t_transactional_message"
 	    " SET (autovacuum_enabled = off)");
@@ -1685,13 +1695,7 @@ START_TEST(test_purge_reads_only_what_it_deletes)
 	ck_assert_int_eq(tl_sql_int(db, "SELECT count(*) FROM"
 	    " t_transactional_message_content"), KEPT);
 
-	snprintf(path, sizeof(path), "%s/daemon/store.c",
-	    tl_env("OUTBOXD_SRCDIR"));
-	f = fopen(path, "r");
-	ck_assert_msg(f != NULL, "%s: %s", path, strerror(errno));
-	len = fread(src, 1, sizeof(src) - 1, f);
-	fclose(f);
-	src[len] = '\0';
+	read_store_source(src, sizeof(src));
 	expand_macro(src, "#define PURGE_SENT_SQL", NULL, NULL, NULL, NULL,
 	    sql, sizeof(sql));
 	tl_sql(db, "PREPARE purge(int8, int4) AS %s", sql);
