@@ -2642,7 +2642,7 @@ phase_scale(void)
 	O.conninfo = scale_db;
 	drain_fresh(&big_sp, &big);
 	/* The backlog's million dead row versions, cleared now: left to
-	 * autovacuum, they were cleared during the first pair's drains. */
+	 * autovacuum, they could be cleared during the first pair's drains. */
 	vacuum_analyze();
 	O.conninfo = empty_db;
 
