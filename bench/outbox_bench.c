@@ -2560,24 +2560,32 @@ cpu_us_per_msg(double pct, double rate)
 	return rate > 0 ? pct / 100 / rate * 1e6 : 0;
 }
 
-/* Autovacuum on or off for the outbox tables of O.conninfo's database.
- * Off during the scale phase: a vacuum or analyze that starts at its own
+/* Autovacuum on or off for the outbox tables of both databases
+ * (conninfo strings).  Off during the scale phase: a vacuum or analyze that starts at its own
  * moment falls into one side's timed drain or the other's (the server's
  * log showed both, in one run).  The sent side's maintenance is done
  * before each of its drains instead, outside the timing; the empty side
  * is truncated. */
 static void
-autovacuum(bool on)
+autovacuum(bool on, const char *db1, const char *db2)
 {
-	PGconn *c = pg_open();
+	const char *saved = O.conninfo;
+	const char *const dbs[] = { db1, db2 };
 
-	pg_do(c, on ? "ALTER TABLE t_transactional_message"
-	    " RESET (autovacuum_enabled)" : "ALTER TABLE"
-	    " t_transactional_message SET (autovacuum_enabled = off)");
-	pg_do(c, on ? "ALTER TABLE t_transactional_message_content"
-	    " RESET (autovacuum_enabled)" : "ALTER TABLE"
-	    " t_transactional_message_content SET (autovacuum_enabled = off)");
-	PQfinish(c);
+	for (size_t i = 0; i < 2; i++) {
+		PGconn *c;
+
+		O.conninfo = dbs[i];	/* pg_open()'s database */
+		c = pg_open();
+		pg_do(c, "ALTER TABLE t_transactional_message %s",
+		    on ? "RESET (autovacuum_enabled)" :
+		    "SET (autovacuum_enabled = off)");
+		pg_do(c, "ALTER TABLE t_transactional_message_content %s",
+		    on ? "RESET (autovacuum_enabled)" :
+		    "SET (autovacuum_enabled = off)");
+		PQfinish(c);
+	}
+	O.conninfo = saved;
 }
 
 static void
@@ -2636,10 +2644,7 @@ phase_scale(void)
 	PQfinish(c);
 	O.conninfo = scale_db;
 	outboxd_migrate();
-	autovacuum(false);
-	O.conninfo = empty_db;
-	autovacuum(false);
-	O.conninfo = scale_db;
+	autovacuum(false, empty_db, scale_db);
 	drain_fresh(&big_sp, &big);
 	/* The backlog's million dead row versions, cleared now: left to
 	 * autovacuum, they could be cleared during the first pair's drains. */
@@ -2688,10 +2693,7 @@ phase_scale(void)
 	for (int i = 0; i < n; i++)
 		var += (pair[i] - mean) * (pair[i] - mean) /
 		    (n > 1 ? n - 1 : 1);
-	autovacuum(true);
-	O.conninfo = scale_db;
-	autovacuum(true);
-	O.conninfo = empty_db;
+	autovacuum(true, empty_db, scale_db);
 	slow = 1 - sent_sum / empty_sum;
 	qsort(empty, (size_t)n, sizeof(*empty), cmp_rate);
 	qsort(sent, (size_t)n, sizeof(*sent), cmp_rate);
