@@ -64,6 +64,7 @@ struct opts {
 	int latency_s, idle_s, raw_s;
 	int batch;		/* outboxd's relay.batch_size */
 	int workers;		/* outboxd's relay.workers */
+	const char *pipeline;	/* outboxd's relay.pipeline; NULL: default */
 	int window;		/* raw publisher's confirm window */
 	const char *only;	/* comma list of phases, NULL = all */
 	bool sweep;		/* drain once per batch size as well */
@@ -1547,9 +1548,11 @@ outboxd_config(const char *path, int batch, int workers)
 	    "rabbitmq:\n  nodes: [\"127.0.0.1:%d\"]\n"
 	    "redis:\n  address: \"127.0.0.1:%d\"\n"
 	    "relay:\n  batch_size: %d\n  workers: %d\n  poll_interval: 5s\n"
+	    "%s%s%s"
 	    "http:\n  listen: \"127.0.0.1:%d\"\n",
 	    O.conninfo, O.amqp_port, O.redis_port, batch, workers,
-	    O.http_port);
+	    O.pipeline ? "  pipeline: " : "", O.pipeline ? O.pipeline : "",
+	    O.pipeline ? "\n" : "", O.http_port);
 	fclose(f);
 }
 
@@ -1632,7 +1635,8 @@ outboxd_start(const char *tag, int batch, int workers)
 			die("outboxd not healthy after 30 s; see %s", log);
 		nap_us(10000);
 	}
-	find_backends(workers);
+	find_backends(O.pipeline != NULL && strcmp(O.pipeline, "true") == 0 ?
+	    2 * workers : workers);
 	return pid;
 }
 
@@ -2784,6 +2788,7 @@ usage(FILE *out)
 	    "  --batch N            outboxd relay.batch_size (1000)\n"
 	    "  --workers N          outboxd relay.workers (2)\n"
 	    "  --window N           raw publisher confirm window (2000)\n"
+	    "  --pipeline BOOL      outboxd relay.pipeline (its default)\n"
 	    "  --quick              50000 rows, 200000 backlog, 10 s windows,"
 	    " 3 s raw runs\n"
 	    "  --only LIST          phases: raw,pg,drain,shared,workers,ref,"
@@ -2821,6 +2826,7 @@ main(int argc, char **argv)
 		{ "batch", required_argument, NULL, 'B' },
 		{ "workers", required_argument, NULL, 'W' },
 		{ "window", required_argument, NULL, 'w' },
+		{ "pipeline", required_argument, NULL, 'p' },
 		{ "quick", no_argument, NULL, 'q' },
 		{ "only", required_argument, NULL, 'o' },
 		{ "sweep", no_argument, NULL, 's' },
@@ -2844,6 +2850,12 @@ main(int argc, char **argv)
 		case 'B': O.batch = (int)num_arg(optarg, 1, 10000); break;
 		case 'W': O.workers = (int)num_arg(optarg, 1, 16); break;
 		case 'w': O.window = (int)num_arg(optarg, 1, 1000000); break;
+		case 'p':
+			if (strcmp(optarg, "true") != 0 &&
+			    strcmp(optarg, "false") != 0)
+				die("--pipeline wants true or false");
+			O.pipeline = optarg;
+			break;
 		case 'q':
 			O.rows = 50000;
 			O.backlog = 200000;

@@ -66,6 +66,7 @@ bk_drop(struct broker *b)
 		amqp_destroy_connection(b->conn);
 	b->conn = NULL;
 	b->pub_open = b->check_open = b->consuming = false;
+	b->awaiting = false;
 	b->broker_max_size = 0;
 	b->blocked_since_ms = 0;
 	bk_xcache_clear(b);
@@ -719,6 +720,9 @@ broker_tick(struct broker *b)
 		bk_set_err(b, "not connected");
 		return -1;
 	}
+	/* A sent batch's confirms are broker_await_batch()'s to read. */
+	if (b->awaiting)
+		return 0;
 	/* Outside a batch only the connection and the check channel can
 	 * have something to say; reading also sends due heartbeats. */
 	while ((st = amqp_simple_wait_frame_noblock(b->conn, &f, &tv)) ==

@@ -108,6 +108,21 @@ int broker_publish_batch(struct broker *, const struct broker_msg *msgs,
     size_t n, struct broker_result *results) WARN_UNUSED;
 
 /*
+ * broker_publish_batch() in two halves, so that the caller can work
+ * while the broker does (a relay claims its next batch, or marks its
+ * last, meanwhile).  broker_send_batch() sends the batch and returns
+ * without waiting; -1 means the connection was lost (or was not there)
+ * and every result is already final.  After a 0, call
+ * broker_await_batch() before anything else on this broker (msgs and
+ * results must stay valid until then): it returns what
+ * broker_publish_batch() would.  Confirms arriving in between wait in
+ * the socket, and the confirm deadline runs from the send.
+ */
+int broker_send_batch(struct broker *, const struct broker_msg *msgs,
+    size_t n, struct broker_result *results) WARN_UNUSED;
+int broker_await_batch(struct broker *) WARN_UNUSED;
+
+/*
  * How long the broker has blocked publishing on this connection (a
  * memory or disk alarm; connection.blocked), 0 when it does not (the
  * log has the broker's words).  The broker says so only once the

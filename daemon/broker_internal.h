@@ -51,6 +51,20 @@ struct window {
 	size_t ret_cursor;	/* returns come in publish order: look here */
 };
 
+/* The batch between broker_send_batch() and the end of
+ * broker_await_batch(). */
+struct batch {
+	struct broker *b;
+	const struct broker_msg *msgs;
+	size_t n;
+	struct broker_result *res;
+	int64_t deadline;		/* monotonic ms */
+	size_t probe;			/* suspects per round */
+	size_t sent;			/* in this round */
+	bool isolating;			/* this round probes suspects */
+	unsigned closes;		/* of channel 1, in this batch */
+};
+
 /* Exchanges known to work (until reconnect) or to fail (this batch). */
 struct xentry {
 	char *name;
@@ -74,6 +88,8 @@ struct broker {
 	struct slot *slots;
 	size_t cap_slots;
 	struct window win;
+	struct batch batch;
+	bool awaiting;			/* sent; broker_await_batch() next */
 	amqp_table_entry_t *entries;	/* headers of the message in hand */
 	size_t cap_entries;
 	bool want_return_header;	/* a basic.return's header is next */

@@ -23,17 +23,6 @@
 #define SHORTSTR_MAX 255	/* AMQP short strings: names, keys */
 #define DEFAULT_CONTENT_TYPE "application/octet-stream"
 
-/* One call of broker_publish_batch(). */
-struct batch {
-	struct broker *b;
-	const struct broker_msg *msgs;
-	size_t n;
-	struct broker_result *res;
-	int64_t deadline;		/* monotonic ms */
-	size_t probe;			/* suspects per round */
-	unsigned closes;		/* of channel 1, in this batch */
-};
-
 /* ---- the exchange cache ------------------------------------------------ */
 
 static struct xentry *
@@ -706,20 +695,19 @@ window_after_close(struct batch *bt)
 }
 
 /*
- * One confirm window: publishes the pending messages (while isolating,
- * only the first bt->probe suspects), reading acks as it goes, then
- * waits for every confirm or for the channel close that ends the window.
- * Once the broker blocks publishing, sends stop and the wait goes on
- * until it unblocks.  Returns 0, -1 (connection lost) or 1: the deadline
- * passed while blocked.
+ * A confirm window opens: publishes the pending messages (while
+ * isolating, only the first bt->probe suspects), reading acks as it
+ * goes.  Once the broker blocks publishing, sends stop.  Returns 0 or -1
+ * (connection lost).
  */
 static int WARN_UNUSED
-batch_round(struct batch *bt)
+batch_send(struct batch *bt)
 {
 	struct broker *b = bt->b;
-	bool isolating = batch_has_suspect(bt), closed;
-	size_t sent = 0, suspects, unread = 0;
+	size_t unread = 0;
 
+	bt->isolating = batch_has_suspect(bt);
+	bt->sent = 0;
 	window_reset(&b->win, b->next_tag);
 	b->want_return_header = false;
 	/* Corked, the kernel sends the batch in full segments instead of
@@ -733,21 +721,36 @@ batch_round(struct batch *bt)
 	    b->blocked_since_ms == 0; i++) {
 		const struct slot *s = &b->slots[i];
 
-		if (s->state != SLOT_PENDING || (isolating && !s->suspect))
+		if (s->state != SLOT_PENDING || (bt->isolating && !s->suspect))
 			continue;
-		if (isolating && sent == bt->probe)
+		if (bt->isolating && bt->sent == bt->probe)
 			break;
 		if (publish_one(bt, i) == -1)
 			return -1;
 		unread += bt->msgs[i].body_len;
-		if (++sent % DRAIN_EVERY == 0 || unread >= DRAIN_BYTES) {
+		if (++bt->sent % DRAIN_EVERY == 0 || unread >= DRAIN_BYTES) {
 			unread = 0;
 			if (wait_for_room(bt) == -1)
 				return -1;
 		}
 	}
 	bk_cork(b, false);
-	/* Blocked with messages still to send: wait for the unblock too. */
+	return 0;
+}
+
+/*
+ * The confirm window closes: waits for every confirm or for the channel
+ * close that ends the window (blocked with messages still to send: for
+ * the unblock too).  Returns 0, -1 (connection lost) or 1: the deadline
+ * passed while blocked.
+ */
+static int WARN_UNUSED
+batch_settle(struct batch *bt)
+{
+	struct broker *b = bt->b;
+	size_t suspects;
+	bool closed;
+
 	while (b->pub_open && (b->win.outstanding > 0 ||
 	    (b->blocked_since_ms != 0 && batch_left(bt) > 0))) {
 		int rc = pump(bt, true);
@@ -770,10 +773,10 @@ batch_round(struct batch *bt)
 		bt->probe = (suspects + 1) / 2;
 	else if (closed || bt->probe <= 1)
 		bt->probe = SIZE_MAX;
-	else if (isolating)
+	else if (bt->isolating)
 		bt->probe = (bt->probe + 1) / 2;
 	log_debug("confirm window done", "sent=%zu closed=%d suspects=%zu",
-	    sent, closed, suspects);
+	    bt->sent, closed, suspects);
 	return 0;
 }
 
@@ -851,37 +854,60 @@ batch_abandon(struct batch *bt)
 }
 
 int
-broker_publish_batch(struct broker *b, const struct broker_msg *msgs,
+broker_send_batch(struct broker *b, const struct broker_msg *msgs,
     size_t n, struct broker_result *results)
 {
-	struct batch bt;
-	/* A round settles a message, or halves the group of suspects that
-	 * holds an unexplained culprit: about two rounds per bad message.
-	 * The bound only stops a broker that closes the channel for
-	 * reasons of its own. */
-	size_t max_rounds = 3 * n + 8;
-	int rc;
+	struct batch *bt = &b->batch;
 
-	batch_start(&bt, b, msgs, n, results);
+	batch_start(bt, b, msgs, n, results);
+	b->awaiting = false;
 	if (b->conn == NULL || b->consuming) {
 		/* The caller's slip, not an event: nothing to log. */
 		bk_set_err(b, "%s", b->conn == NULL ? "not connected" :
 		    "a consuming connection cannot publish");
 		return -1;
 	}
-	for (size_t round = 0; batch_left(&bt) > 0; round++) {
+	if (batch_prepare(bt) == -1 || batch_send(bt) == -1) {
+		batch_abandon(bt);
+		return -1;
+	}
+	b->awaiting = true;
+	return 0;
+}
+
+int
+broker_await_batch(struct broker *b)
+{
+	struct batch *bt = &b->batch;
+	/* A round settles a message, or halves the group of suspects that
+	 * holds an unexplained culprit: about two rounds per bad message.
+	 * The bound only stops a broker that closes the channel for
+	 * reasons of its own. */
+	size_t max_rounds = 3 * bt->n + 8;
+	int rc;
+
+	if (!b->awaiting) {
+		bk_set_err(b, "no batch was sent");
+		return -1;
+	}
+	b->awaiting = false;
+	/* The first round was sent by broker_send_batch(). */
+	for (size_t round = 0; round == 0 || batch_left(bt) > 0; round++) {
 		if (round == max_rounds) {
-			for (size_t i = 0; i < n; i++) {
+			for (size_t i = 0; i < bt->n; i++) {
 				if (b->slots[i].state != SLOT_DONE)
-					finish(&bt, i, BROKER_REJECTED, false,
+					finish(bt, i, BROKER_REJECTED, false,
 					    b->close_reason);
 			}
 			break;
 		}
-		if (batch_prepare(&bt) == -1 || (rc = batch_round(&bt)) == -1)
+		if (round > 0 && (batch_prepare(bt) == -1 ||
+		    batch_send(bt) == -1))
+			goto fail;
+		if ((rc = batch_settle(bt)) == -1)
 			goto fail;
 		if (rc == 1) {
-			batch_blocked(&bt);
+			batch_blocked(bt);
 			return 0;
 		}
 	}
@@ -892,6 +918,15 @@ broker_publish_batch(struct broker *b, const struct broker_msg *msgs,
 	amqp_maybe_release_buffers(b->conn);
 	return 0;
 fail:
-	batch_abandon(&bt);
+	batch_abandon(bt);
 	return -1;
+}
+
+int
+broker_publish_batch(struct broker *b, const struct broker_msg *msgs,
+    size_t n, struct broker_result *results)
+{
+	if (broker_send_batch(b, msgs, n, results) == -1)
+		return -1;
+	return broker_await_batch(b);
 }

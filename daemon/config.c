@@ -161,6 +161,8 @@ const struct key cfg_keys[] = {
 	  .def = "30s", .min = 0, .max = HOUR(1) },
 	{ .name = "relay.workers", .type = T_INT, .off = OFF(relay.workers),
 	  .def = "2", .min = 1, .max = 16 },
+	{ .name = "relay.pipeline", .type = T_BOOL, .off = OFF(relay.pipeline),
+	  .def = "false" },
 	{ .name = "relay.mode", .type = T_ENUM, .off = OFF(relay.mode),
 	  .def = "parallel", .names = relay_modes },
 	{ .name = "relay.ordering", .type = T_ENUM, .flags = F_AS_BOOL,

@@ -117,6 +117,7 @@ load_config(struct config *cfg, const char *path)
 struct daemon {
 	struct config *cfg;
 	struct store *store;
+	struct store *store2;		/* relay.pipeline's second session */
 	struct broker *broker;
 	struct relay *relay;		/* the main thread's own */
 	struct workers *workers;	/* relay.workers - 1 more */
@@ -262,8 +263,9 @@ run_daemon(struct config *cfg)
 	/* Plans that hold up whatever the statistics say (store.c). */
 	cfg->store.index_plans = true;
 	d.store = store_new(&cfg->store);
+	d.store2 = cfg->relay.pipeline ? store_new(&cfg->store) : NULL;
 	d.broker = broker_new(&cfg->broker);
-	d.relay = relay_new(&cfg->relay, d.store, d.broker);
+	d.relay = relay_new(&cfg->relay, d.store, d.store2, d.broker);
 	d.leader = leader_new(&cfg->lock, &cfg->relay, d.store);
 	shutdown_timeout_s = (sig_atomic_t)((cfg->relay.shutdown_timeout_ms +
 	    999) / 1000);
@@ -277,6 +279,7 @@ run_daemon(struct config *cfg)
 		leader_free(d.leader);
 		relay_free(d.relay);
 		broker_free(d.broker);
+		store_free(d.store2);
 		store_free(d.store);
 		http_stop(d.http);
 		return 1;
@@ -317,6 +320,7 @@ run_daemon(struct config *cfg)
 	leader_free(d.leader);
 	relay_free(d.relay);
 	broker_free(d.broker);
+	store_free(d.store2);
 	store_free(d.store);
 	http_stop(d.http);
 	return 0;

@@ -16,6 +16,28 @@
 #include "log.h"
 #include "metrics.h"
 
+enum side_state {
+	SIDE_FREE,
+	SIDE_CLAIMED,		/* rows locked, messages prepared */
+	SIDE_PUBLISHED,		/* outcomes known, marks not yet written */
+};
+
+/* A batch in hand and the session whose transaction holds its rows;
+ * the arrays are grown to batch_size and reused. */
+struct side {
+	struct store *store;
+	enum side_state state;
+	struct store_batch batch;
+	size_t nmsg;
+	int broker_rc;		/* of the publish: -1 connection lost */
+	int64_t claimed_us, published_us, confirmed_us;
+	struct broker_msg *msgs;
+	struct broker_result *results;
+	struct store_mark *marks;
+	size_t *msg_row;	/* msgs[k] publishes rows[msg_row[k]] */
+	char (*errors)[320];	/* last_error text per row */
+};
+
 struct relay {
 	struct relay_conf conf;
 	struct store *store;
@@ -38,22 +60,21 @@ struct relay {
 	struct backoff_cursor cycle_retry;
 	int64_t cycle_retry_at;		/* monotonic ms */
 	int64_t failing_since_ms;	/* 0: the last cycle went through */
-	/* Per-batch arrays, grown to batch_size and reused. */
-	struct broker_msg *msgs;
-	struct broker_result *results;
-	struct store_mark *marks;
-	size_t *msg_row;	/* msgs[k] publishes rows[msg_row[k]] */
-	char (*errors)[320];	/* last_error text per row */
-	size_t cap;
+	/* The batches in hand: sides[0] on the main session; sides[1] on
+	 * the second session of a pipelined relay (store NULL otherwise). */
+	struct side sides[2];
+	size_t cap;		/* of each side's arrays */
 };
 
 struct relay *
 relay_new(const struct relay_conf *conf, struct store *store,
-    struct broker *broker)
+    struct store *pipeline_store, struct broker *broker)
 {
 	struct relay *r = xcalloc(1, sizeof(*r));
 
 	r->store = store;
+	r->sides[0].store = store;
+	r->sides[1].store = pipeline_store;
 	r->broker = broker;
 	r->include_retries = true;
 	r->wake_fd = -1;
@@ -72,11 +93,15 @@ relay_free(struct relay *r)
 {
 	if (r == NULL)
 		return;
-	free(r->msgs);
-	free(r->results);
-	free(r->marks);
-	free(r->msg_row);
-	free(r->errors);
+	for (size_t k = 0; k < 2; k++) {
+		struct side *x = &r->sides[k];
+
+		free(x->msgs);
+		free(x->results);
+		free(x->marks);
+		free(x->msg_row);
+		free(x->errors);
+	}
 	free(r);
 }
 
@@ -91,11 +116,16 @@ relay_set_conf(struct relay *r, const struct relay_conf *conf)
 	r->cycle_retry.params = conf->reconnect;
 	if (n <= r->cap)
 		return;
-	r->msgs = xrealloc(r->msgs, n * sizeof(*r->msgs));
-	r->results = xrealloc(r->results, n * sizeof(*r->results));
-	r->marks = xrealloc(r->marks, n * sizeof(*r->marks));
-	r->msg_row = xrealloc(r->msg_row, n * sizeof(*r->msg_row));
-	r->errors = xrealloc(r->errors, n * sizeof(*r->errors));
+	/* Between steps: no side holds a batch. */
+	for (size_t k = 0; k < 2; k++) {
+		struct side *x = &r->sides[k];
+
+		x->msgs = xrealloc(x->msgs, n * sizeof(*x->msgs));
+		x->results = xrealloc(x->results, n * sizeof(*x->results));
+		x->marks = xrealloc(x->marks, n * sizeof(*x->marks));
+		x->msg_row = xrealloc(x->msg_row, n * sizeof(*x->msg_row));
+		x->errors = xrealloc(x->errors, n * sizeof(*x->errors));
+	}
 	r->cap = n;
 }
 
@@ -194,22 +224,23 @@ failure_reason(const struct broker_result *res)
 	}
 }
 
-/* Marks row i as failed with reason, choosing retry or dead. */
+/* Marks row i of x as failed with reason, choosing retry or dead. */
 static void
-mark_failed(struct relay *r, const struct outbox_row *row, size_t i,
-    const char *reason, bool permanent, enum metrics_failure why)
+mark_failed(struct relay *r, struct side *x, size_t i, const char *reason,
+    bool permanent, enum metrics_failure why)
 {
-	struct store_mark *m = &r->marks[i];
+	const struct outbox_row *row = &x->batch.rows[i];
+	struct store_mark *m = &x->marks[i];
 	const char *note;
 
 	m->kind = relay_reschedule(&r->conf.backoff, row, permanent, &r->rng,
 	    &m->delay_ms, &note);
 	if (note != NULL)
-		snprintf(r->errors[i], sizeof(r->errors[i]),
+		snprintf(x->errors[i], sizeof(x->errors[i]),
 		    "%s (row backoff ignored: %s)", reason, note);
 	else
-		snprintf(r->errors[i], sizeof(r->errors[i]), "%s", reason);
-	m->error = r->errors[i];
+		snprintf(x->errors[i], sizeof(x->errors[i]), "%s", reason);
+	m->error = x->errors[i];
 	metrics_inc_failed(why, 1);
 	if (m->kind == MARK_DEAD) {
 		metrics_inc_dead(1);
@@ -227,20 +258,23 @@ mark_failed(struct relay *r, const struct outbox_row *row, size_t i,
 	}
 }
 
-/* Turns a claimed row into a message, or marks it failed up front. */
+/* Turns claimed row i of x into a message, or marks it failed up
+ * front. */
 static bool
-prepare_message(struct relay *r, const struct outbox_row *row, size_t i,
+prepare_message(struct relay *r, struct side *x, size_t i,
     struct broker_msg *msg)
 {
+	const struct outbox_row *row = &x->batch.rows[i];
+
 	if (row->row_error != NULL) {
-		mark_failed(r, row, i, row->row_error, true,
+		mark_failed(r, x, i, row->row_error, true,
 		    METRICS_FAIL_BAD_ROW);
 		return false;
 	}
 	if (*row->exchange_name == '\0' && *row->routing_key == '\0') {
 		/* The default exchange routes by queue name, and no queue
 		 * is named "": such a row could never be delivered. */
-		mark_failed(r, row, i, "no route: routing_key and queue_name "
+		mark_failed(r, x, i, "no route: routing_key and queue_name "
 		    "are both empty on the default exchange", true,
 		    METRICS_FAIL_BAD_ROW);
 		return false;
@@ -248,7 +282,7 @@ prepare_message(struct relay *r, const struct outbox_row *row, size_t i,
 	if (!row->has_content) {
 		/* A producer that writes the two rows in separate
 		 * transactions may commit the content a moment later. */
-		mark_failed(r, row, i, "no content row for this message",
+		mark_failed(r, x, i, "no content row for this message",
 		    false, METRICS_FAIL_NO_CONTENT);
 		return false;
 	}
@@ -310,58 +344,56 @@ relay_failing_ms(const struct relay *r)
 	    now_mono_ms() - r->failing_since_ms + 1;
 }
 
-int
-relay_cycle(struct relay *r, size_t *claimed)
+/*
+ * Claims a batch on x's session and prepares its messages; rows that
+ * cannot be sent are marked failed up front.  Returns the batch size,
+ * or -1 with the store's error (the session's transaction rolled back).
+ */
+static int
+side_claim(struct relay *r, struct side *x, int64_t lock_timeout_ms)
 {
 	struct store_claim_opts opts = { .limit = r->conf.batch_size,
 		.ordered_by_key = r->conf.ordering_by_key,
-		.include_retries = r->include_retries };
-	struct store_batch batch;
-	size_t nmsg = 0;
-	int64_t started = now_mono_us(), published, confirmed;
-	int broker_rc;
+		.include_retries = r->include_retries,
+		.lock_timeout_ms = lock_timeout_ms };
 
-	*claimed = 0;
-	if (store_claim(r->store, &opts, &batch) == -1) {
-		int64_t wait = cycle_failed(r);
-
-		log_error("claim failed", "retry_in_ms=%" PRId64 " error=%s",
-		    wait, log_quote((char[600]){ 0 }, 600,
-		    store_error(r->store)));
+	x->claimed_us = now_mono_us();
+	if (store_claim(x->store, &opts, &x->batch) == -1)
 		return -1;
+	x->nmsg = 0;
+	for (size_t i = 0; i < x->batch.n; i++) {
+		x->marks[i].id = x->batch.rows[i].id;
+		x->marks[i].kind = MARK_RELEASE;
+		x->marks[i].error = NULL;
+		x->marks[i].delay_ms = 0;
+		if (prepare_message(r, x, i, &x->msgs[x->nmsg]))
+			x->msg_row[x->nmsg++] = i;
 	}
-	*claimed = batch.n;
-	if (batch.n == 0) {
-		cycle_done(r);
-		return 0;
-	}
-	for (size_t i = 0; i < batch.n; i++) {
-		r->marks[i].id = batch.rows[i].id;
-		r->marks[i].kind = MARK_RELEASE;
-		r->marks[i].error = NULL;
-		r->marks[i].delay_ms = 0;
-		if (prepare_message(r, &batch.rows[i], i, &r->msgs[nmsg]))
-			r->msg_row[nmsg++] = i;
-	}
-	/* The confirm histogram is the broker's share of the batch: from
-	 * the first publish, not from the claim. */
-	published = now_mono_us();
-	broker_rc = broker_publish_batch(r->broker, r->msgs, nmsg, r->results);
-	confirmed = now_mono_us();
-	for (size_t k = 0; k < nmsg; k++) {
-		size_t i = r->msg_row[k];
-		const struct broker_result *res = &r->results[k];
+	x->state = x->batch.n > 0 ? SIDE_CLAIMED : SIDE_FREE;
+	return (int)x->batch.n;
+}
+
+/* x's publish ended with broker_rc: each row's mark follows its
+ * message's outcome. */
+static void
+side_settle(struct relay *r, struct side *x, int broker_rc)
+{
+	x->confirmed_us = now_mono_us();
+	x->broker_rc = broker_rc;
+	for (size_t k = 0; k < x->nmsg; k++) {
+		size_t i = x->msg_row[k];
+		const struct broker_result *res = &x->results[k];
 
 		switch (res->outcome) {
 		case BROKER_ACKED:
-			r->marks[i].kind = MARK_SUCCESS;
+			x->marks[i].kind = MARK_SUCCESS;
 			r->stats.published++;
 			metrics_inc_published(1);
 			break;
 		case BROKER_UNKNOWN:
 			/* No confirm: it may have arrived, or not.  Leave
 			 * the row due; at-least-once covers the rest. */
-			r->marks[i].kind = MARK_RELEASE;
+			x->marks[i].kind = MARK_RELEASE;
 			r->stats.released++;
 			metrics_inc_released(1);
 			break;
@@ -370,8 +402,8 @@ relay_cycle(struct relay *r, size_t *claimed)
 
 			snprintf(reason, sizeof(reason), "%s: %s",
 			    outcome_name(res->outcome), res->reason);
-			mark_failed(r, &batch.rows[i], i, reason,
-			    res->permanent, failure_reason(res));
+			mark_failed(r, x, i, reason, res->permanent,
+			    failure_reason(res));
 			break;
 		}
 		}
@@ -382,27 +414,162 @@ relay_cycle(struct relay *r, size_t *claimed)
 		r->stats.broker_errors++;
 		broker_disconnect(r->broker);
 	}
-	if (store_finish(r->store, &batch, r->marks, batch.n) == -1) {
-		/* The rows roll back to due: confirmed ones will be sent
-		 * again, which at-least-once allows. */
+	x->state = SIDE_PUBLISHED;
+}
+
+/* Writes x's marks and commits.  Returns 0, or -1 when that failed: the
+ * rows roll back to due, and confirmed ones will be sent again, which
+ * at-least-once allows. */
+static int
+side_mark(struct relay *r, struct side *x)
+{
+	size_t n = x->batch.n;
+
+	x->state = SIDE_FREE;
+	if (store_finish(x->store, &x->batch, x->marks, n) == -1) {
 		int64_t wait = cycle_failed(r);
 
 		log_error("marking failed", "rows=%zu retry_in_ms=%" PRId64
-		    " error=%s", *claimed, wait, log_quote((char[600]){ 0 },
-		    600, store_error(r->store)));
+		    " error=%s", n, wait, log_quote((char[600]){ 0 }, 600,
+		    store_error(x->store)));
 		return -1;
 	}
 	cycle_done(r);
 	r->stats.batches++;
-	r->stats.last_batch_us = now_mono_us() - started;
-	r->stats.last_confirm_us = confirmed - published;
+	r->stats.last_batch_us = now_mono_us() - x->claimed_us;
+	r->stats.last_confirm_us = x->confirmed_us - x->published_us;
 	metrics_observe_batch((double)r->stats.last_batch_us / 1e6);
 	metrics_observe_confirm((double)r->stats.last_confirm_us / 1e6);
-	if (broker_rc == 0)
+	if (x->broker_rc == 0)
 		r->stats.last_progress_ms = now_mono_ms();
 	log_debug("batch done", "rows=%zu published=%zu batch_us=%" PRId64,
-	    *claimed, nmsg, r->stats.last_batch_us);
-	return broker_rc;
+	    n, x->nmsg, r->stats.last_batch_us);
+	return 0;
+}
+
+/* The claim that starts a cycle or a pipelined run, on sides[0]: the
+ * batch size, or -1 (logged, and the next cycle paced). */
+static int
+claim_first(struct relay *r, size_t *claimed)
+{
+	struct side *x = &r->sides[0];
+	int n = side_claim(r, x, 0);
+
+	*claimed = n > 0 ? (size_t)n : 0;
+	if (n == -1) {
+		int64_t wait = cycle_failed(r);
+
+		log_error("claim failed", "retry_in_ms=%" PRId64 " error=%s",
+		    wait, log_quote((char[600]){ 0 }, 600,
+		    store_error(x->store)));
+	} else if (n == 0)
+		cycle_done(r);
+	return n;
+}
+
+int
+relay_cycle(struct relay *r, size_t *claimed)
+{
+	struct side *x = &r->sides[0];
+	int n = claim_first(r, claimed);
+
+	if (n <= 0)
+		return n;
+	/* The confirm histogram is the broker's share of the batch: from
+	 * the first publish, not from the claim. */
+	x->published_us = now_mono_us();
+	side_settle(r, x, broker_publish_batch(r->broker, x->msgs, x->nmsg,
+	    x->results));
+	if (side_mark(r, x) == -1)
+		return -1;
+	return x->broker_rc;
+}
+
+/*
+ * A pipelined run (relay.pipeline): the relay's two sessions take
+ * turns, so that the broker gets the next batch the moment it has
+ * confirmed the last, and the database work is done while the broker
+ * works:
+ *
+ *	claim A; send A
+ *	claim B (while A is at the broker); await A
+ *	send B; mark A and claim C on A's session (while B is at the
+ *	broker); await B; send C; ...
+ *
+ * One batch at a time is unconfirmed, as in a plain cycle, so failures
+ * end the same way: what the broker did not confirm stays due.  Runs
+ * while batches come full, until until_ms; sets *backlog when it
+ * stopped with one still full.  Nothing is held when it returns.
+ * Returns -1 when a server failed, else 0.
+ */
+#define PIPELINE_LOCK_WAIT_MS 100
+#define PIPELINE_RUN_MS 1000
+
+static int
+relay_pipeline(struct relay *r, int64_t until_ms, bool *backlog,
+    size_t *claimed)
+{
+	struct side *cur = &r->sides[0], *next = &r->sides[1], *t;
+	int n = claim_first(r, claimed), rc = 0;
+	bool full, more = false;
+
+	*backlog = false;
+	if (n <= 0)
+		return n;
+	for (;;) {
+		full = cur->batch.n == (size_t)r->conf.batch_size;
+		cur->published_us = now_mono_us();
+		if (broker_send_batch(r->broker, cur->msgs, cur->nmsg,
+		    cur->results) == -1) {
+			side_settle(r, cur, -1);
+			rc = -1;
+			break;
+		}
+		/* The broker works on cur meanwhile. */
+		if (next->state == SIDE_PUBLISHED && side_mark(r, next) == -1)
+			rc = -1;
+		/*
+		 * Claim the next batch, while the broker still works.  This
+		 * claim waits for the table lock while cur's session holds
+		 * it: a lock request queued behind cur (a migration) would
+		 * wait for cur, and cur for this claim.  So it gives way
+		 * within PIPELINE_LOCK_WAIT_MS; the next run's first claim,
+		 * with nothing held, waits as long as configured.  Stopped
+		 * with cur full (by the clock, or by a claim that gave way),
+		 * more is due: the caller goes on at once.
+		 */
+		more = rc == 0 && full;
+		if (more && now_mono_ms() < until_ms &&
+		    broker_blocked_ms(r->broker) == 0) {
+			n = side_claim(r, next, PIPELINE_LOCK_WAIT_MS);
+			*claimed = n > 0 ? (size_t)n : 0;
+			more = n == -1;
+			if (n == -1)
+				log_info("pipelined claim gave way", "error=%s",
+				    log_quote((char[600]){ 0 }, 600,
+				    store_error(next->store)));
+		}
+		side_settle(r, cur, broker_await_batch(r->broker));
+		if (cur->broker_rc == -1 || broker_blocked_ms(r->broker) > 0 ||
+		    next->state != SIDE_CLAIMED)
+			break;
+		t = cur;
+		cur = next;
+		next = t;
+	}
+	/* A batch claimed but not sent goes back untouched. */
+	if (next->state == SIDE_CLAIMED) {
+		store_abort(next->store, &next->batch);
+		next->state = SIDE_FREE;
+	}
+	if (next->state == SIDE_PUBLISHED && side_mark(r, next) == -1)
+		rc = -1;
+	if (cur->state == SIDE_PUBLISHED && side_mark(r, cur) == -1)
+		rc = -1;
+	if (cur->broker_rc == -1)
+		rc = -1;
+	*backlog = rc == 0 && more;
+	return rc;
 }
 
 /*
@@ -412,22 +579,32 @@ relay_cycle(struct relay *r, size_t *claimed)
 static bool
 ensure_store(struct relay *r)
 {
+	struct store *second = r->sides[1].store, *down;
 	int64_t now = now_mono_ms();
 
-	if (store_connected(r->store))
+	if (store_connected(r->store) &&
+	    (second == NULL || store_connected(second)))
 		return true;
 	if (r->store_was_up) {
+		down = store_connected(r->store) ? second : r->store;
 		log_error("postgres connection lost", "error=%s",
-		    log_quote((char[600]){ 0 }, 600, store_error(r->store)));
+		    log_quote((char[600]){ 0 }, 600, store_error(down)));
 		r->store_was_up = false;
 		store_disconnect(r->store);
+		if (second != NULL)
+			store_disconnect(second);
 	}
 	if (now < r->store_retry_at)
 		return false;
-	/* A worker is kicked by the main relay instead of listening. */
+	/* A worker is kicked by the main relay instead of listening; the
+	 * second session of a pipelined relay only claims and marks. */
+	down = r->store;
 	if (store_connect(r->store) == 0 &&
-	    (r->kick_fd >= 0 || store_listen(r->store) == 0)) {
-		log_info("postgres connected", NULL);
+	    (r->kick_fd >= 0 || store_listen(r->store) == 0) &&
+	    (second == NULL || store_connected(second) ||
+	    store_connect((down = second)) == 0)) {
+		log_info("postgres connected", second != NULL ? "sessions=2" :
+		    NULL);
 		if (r->store_ever_up)
 			metrics_inc_reconnect(METRICS_SERVER_POSTGRES);
 		r->store_ever_up = true;
@@ -438,8 +615,10 @@ ensure_store(struct relay *r)
 	r->store_retry_at = now + backoff_cursor_next(&r->store_retry);
 	log_warn("postgres unavailable", "retry_in_ms=%" PRId64 " error=%s",
 	    r->store_retry_at - now,
-	    log_quote((char[600]){ 0 }, 600, store_error(r->store)));
+	    log_quote((char[600]){ 0 }, 600, store_error(down)));
 	store_disconnect(r->store);
+	if (second != NULL)
+		store_disconnect(second);
 	return false;
 }
 
@@ -636,7 +815,18 @@ relay_step(struct relay *r, int64_t max_wait_ms)
 		tick_broker(r);
 		return false;
 	}
-	if (relay_cycle(r, &claimed) == -1)
+	if (r->sides[1].store != NULL) {
+		bool backlog;
+
+		/* A run of batches, bounded so that the caller still renews
+		 * its locks and sees a stop in time. */
+		if (relay_pipeline(r, now_mono_ms() + (max_wait_ms <
+		    PIPELINE_RUN_MS ? max_wait_ms : PIPELINE_RUN_MS),
+		    &backlog, &claimed) == -1)
+			return false;
+		if (backlog)
+			return true;
+	} else if (relay_cycle(r, &claimed) == -1)
 		return false;	/* connections_up reconnects next step */
 	/* A full batch means a backlog: claim again at once.  With per-key
 	 * ordering, a batch holds one row per key, so the next row of each

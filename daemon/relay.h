@@ -24,6 +24,10 @@ struct relay_conf {
 	/* Relays running at once, each with its own sessions (workers.h);
 	 * read at start only. */
 	int workers;
+	/* Two PostgreSQL sessions per relay, so that its next batch is
+	 * claimed, and its last marked, while the broker confirms (see
+	 * relay_pipeline in relay.c); read at start only. */
+	bool pipeline;
 	int64_t poll_interval_ms;
 	int64_t shutdown_timeout_ms;
 	enum relay_mode mode;
@@ -52,9 +56,11 @@ struct relay_stats {
 
 struct relay;
 
-/* The relay uses, but does not own, the store and the broker. */
+/* The relay uses, but does not own, its sessions and the broker.  A
+ * second session (pipeline_store; NULL for none) makes it pipelined: see
+ * relay.pipeline. */
 struct relay *relay_new(const struct relay_conf *, struct store *,
-    struct broker *);
+    struct store *pipeline_store, struct broker *);
 void relay_free(struct relay *);
 /* Applies a reloaded config (batch size, intervals, backoff). */
 void relay_set_conf(struct relay *, const struct relay_conf *);

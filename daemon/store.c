@@ -679,6 +679,7 @@ store_claim(struct store *s, const struct store_claim_opts *opts,
 {
 	char limit[16];
 	const char *params[2] = { limit, opts->ordered_by_key ? "t" : "f" };
+	char begin[256];
 	PGresult *res;
 
 	batch->rows = NULL;
@@ -696,10 +697,15 @@ store_claim(struct store *s, const struct store_claim_opts *opts,
 	 */
 	if (ensure_prepared(s) == -1)
 		return -1;
-	if (result_done(s, PQexec(s->conn, s->last_claim_full &&
-	    s->conf.index_plans ? "BEGIN; " LOCK_FOR_MARKS "; SET LOCAL"
-	    " plan_cache_mode = force_custom_plan" : "BEGIN; " LOCK_FOR_MARKS),
-	    "claim") == -1) {
+	strfmt(begin, sizeof(begin), "BEGIN; ");
+	if (opts->lock_timeout_ms > 0)
+		strfmt(begin + strlen(begin), sizeof(begin) - strlen(begin),
+		    "SET LOCAL lock_timeout = %" PRId64 "; ",
+		    opts->lock_timeout_ms);
+	strfmt(begin + strlen(begin), sizeof(begin) - strlen(begin), "%s%s",
+	    LOCK_FOR_MARKS, s->last_claim_full && s->conf.index_plans ?
+	    "; SET LOCAL plan_cache_mode = force_custom_plan" : "");
+	if (result_done(s, PQexec(s->conn, begin), "claim") == -1) {
 		/* A lock timeout leaves the transaction open and failed. */
 		if (s->conn != NULL)
 			PQclear(PQexec(s->conn, "ROLLBACK"));

@@ -87,6 +87,11 @@ struct store_claim_opts {
 	int limit;
 	bool ordered_by_key;	/* skip rows with an older unsent same key */
 	bool include_retries;	/* FAIL rows too, not only PENDING ones */
+	/* > 0: wait at most this long for the table lock, instead of
+	 * postgres.lock_timeout.  A pipelined relay's claim, made while its
+	 * other session holds a batch open, must give way quickly to a
+	 * lock request queued behind that batch (see relay.c). */
+	int64_t lock_timeout_ms;
 };
 
 struct store;

@@ -28,6 +28,7 @@ struct worker {
 	pthread_t thread;
 	bool started;
 	struct store *store;
+	struct store *store2;		/* relay.pipeline's second session */
 	struct broker *broker;
 	struct relay *relay;
 	atomic_int_least64_t heartbeat_ms;	/* end of the last step */
@@ -99,6 +100,7 @@ worker_free(struct worker *w)
 {
 	relay_free(w->relay);
 	broker_free(w->broker);
+	store_free(w->store2);
 	store_free(w->store);
 	if (w->kick_fd != -1)
 		close(w->kick_fd);
@@ -146,8 +148,9 @@ workers_start(int n, bool active, const struct relay_conf *rconf,
 			break;
 		}
 		w->store = store_new(sconf);
+		w->store2 = rconf->pipeline ? store_new(sconf) : NULL;
 		w->broker = broker_new(bconf);
-		w->relay = relay_new(rconf, w->store, w->broker);
+		w->relay = relay_new(rconf, w->store, w->store2, w->broker);
 		relay_set_wake_fd(w->relay, p->wake_fd);
 		relay_set_kick_fd(w->relay, w->kick_fd);
 		atomic_init(&w->heartbeat_ms, now_mono_ms());

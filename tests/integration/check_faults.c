@@ -59,6 +59,21 @@ static PGconn *db;
 
 /* --- small helpers ------------------------------------------------------ */
 
+/*
+ * Batches an instance can have sent but not marked: one per relay, two
+ * for a pipelined relay (one being marked while the next is at the
+ * broker).  The Makefile reruns some suites with OUTBOXD_TEST_YAML set
+ * to "relay.pipeline: true".
+ */
+static int
+batches_per_instance(void)
+{
+	const char *every = getenv("OUTBOXD_TEST_YAML");
+
+	return WORKERS * (every != NULL &&
+	    strstr(every, "relay.pipeline: true") != NULL ? 2 : 1);
+}
+
 static void
 nap_ms(int64_t ms)
 {
@@ -845,7 +860,7 @@ scenario_end(struct scenario *s, const pid_t *pids, int npids)
 	PQclear(res);
 	/* Received ids that no row has: a commit the database forgot. */
 	phantom = (long long)s->cons.distinct - sent;
-	bound = (long long)s->nfaults * BATCH * WORKERS;
+	bound = (long long)s->nfaults * BATCH * batches_per_instance();
 	for (int i = 0; i < s->nfaults; i++)
 		if (s->recovery_ms[i] > max_rec)
 			max_rec = s->recovery_ms[i];
@@ -867,8 +882,8 @@ scenario_end(struct scenario *s, const pid_t *pids, int npids)
 	ck_assert_msg(s->cons.foreign == 0, "%s: %zu deliveries without an "
 	    "outbox id", s->name, s->cons.foreign);
 	ck_assert_msg(dups <= bound, "%s: %lld duplicates, more than %d "
-	    "faults x %d workers x %d rows in flight", s->name, dups,
-	    s->nfaults, WORKERS, BATCH);
+	    "faults x %d batches x %d rows in flight", s->name, dups,
+	    s->nfaults, batches_per_instance(), BATCH);
 	free(s->cons.tab);
 	for (int i = 0; i < npids; i++)
 		ck_assert_int_eq(tl_outboxd_stop(pids[i], 30000), 0);

@@ -95,6 +95,37 @@ START_TEST(test_function_and_plain_inserts_arrive)
 }
 END_TEST
 
+/*
+ * After a SIGTERM mid-stream: no row is left locked, what is SUCCESS
+ * (returned) arrived on queue exactly once, and the rest were never
+ * touched (no attempt counted, none failed).
+ */
+static long long
+assert_stopped_clean(struct tl_amqp *a, const char *queue, long long first,
+    long long n)
+{
+	unsigned *counts = calloc((size_t)(first + n), sizeof(*counts));
+	long long received = 0, dup = 0, sent = tl_sql_int(db,
+	    COUNT_STATUS(1));
+
+	ck_assert_int_eq(tl_sql_int(db, "SELECT count(*) FROM pg_locks l "
+	    "JOIN pg_class c ON c.oid = l.relation WHERE c.relname = "
+	    "'t_transactional_message' AND l.pid <> pg_backend_pid()"), 0);
+	tl_consume(a, queue);
+	tl_collect(a, counts, first + n, (size_t)sent, 3000, 60000);
+	for (long long id = first; id < first + n; id++) {
+		received += counts[id] > 0;
+		dup += counts[id] > 1;
+	}
+	ck_assert_int_eq(received, sent);
+	ck_assert_int_eq(dup, 0);
+	ck_assert_int_eq(tl_sql_int(db, "SELECT count(*) FROM "
+	    "t_transactional_message WHERE message_status <> 1 AND "
+	    "(message_status <> 0 OR current_retry_times <> 0)"), 0);
+	free(counts);
+	return sent;
+}
+
 START_TEST(test_ten_thousand_rows_each_once)
 {
 	enum { N = 10000 };
@@ -226,8 +257,7 @@ START_TEST(test_workers_stop_cleanly_mid_stream)
 {
 	enum { N = 100000 };
 	struct tl_amqp *a = tl_amqp_open();
-	unsigned *counts = calloc(N + 1000000, sizeof(*counts));
-	long long first, received = 0, dup = 0, sent;
+	long long first;
 	pid_t pid;
 
 	tl_queue(a, "relay.workers.stop", "", "");
@@ -240,30 +270,96 @@ START_TEST(test_workers_stop_cleanly_mid_stream)
 	    " AND id < (SELECT min(id) + 2000 FROM t_transactional_message)"),
 	    2000);
 	ck_assert_int_eq(tl_outboxd_stop(pid, 30000), 0);
-	sent = tl_sql_int(db, COUNT_STATUS(1));
-	ck_assert_msg(sent < N, "all %d rows went out before SIGTERM: the "
-	    "test proves nothing", N);
-	ck_assert_int_eq(tl_sql_int(db, "SELECT count(*) FROM pg_locks l "
-	    "JOIN pg_class c ON c.oid = l.relation WHERE c.relname = "
-	    "'t_transactional_message' AND l.pid <> pg_backend_pid()"), 0);
-	tl_consume(a, "relay.workers.stop");
-	tl_collect(a, counts, first + N, (size_t)sent, 3000, 60000);
-	for (long long id = first; id < first + N; id++) {
-		received += counts[id] > 0;
-		dup += counts[id] > 1;
-	}
-	ck_assert_int_eq(received, sent);
-	ck_assert_int_eq(dup, 0);
-	/* The rest were never touched: no attempt counted, none failed. */
-	ck_assert_int_eq(tl_sql_int(db, "SELECT count(*) FROM "
-	    "t_transactional_message WHERE message_status <> 1 AND "
-	    "(message_status <> 0 OR current_retry_times <> 0)"), 0);
-	free(counts);
+	ck_assert_msg(assert_stopped_clean(a, "relay.workers.stop", first, N) <
+	    N, "all %d rows went out before SIGTERM: the test proves nothing",
+	    N);
 	tl_amqp_close(a);
 }
 END_TEST
 
 /* Bad rows of each kind between good ones; each fails alone. */
+/* Outboxd's sessions holding the outbox's row-exclusive lock: each is
+ * inside a batch's transaction. */
+#define SESSIONS_IN_A_BATCH \
+	"SELECT count(DISTINCT l.pid) FROM pg_locks l JOIN pg_class c ON " \
+	"c.oid = l.relation JOIN pg_stat_activity s ON s.pid = l.pid WHERE " \
+	"c.relname = 't_transactional_message' AND l.mode = " \
+	"'RowExclusiveLock' AND s.application_name = 'outboxd'"
+
+#define PIPELINED "relay.batch_size: 200\nrelay.workers: 1\n" \
+	"relay.pipeline: true\n"
+
+/*
+ * relay.pipeline: one relay on two sessions.  Its batches overlap in
+ * the database (one is claimed or marked while the other is at the
+ * broker, so both sessions hold a batch at once), and SIGTERM
+ * mid-stream still finishes both: what is SUCCESS is exactly what
+ * arrived, once, and the rest was never touched.
+ */
+START_TEST(test_pipelined_relay_overlaps_and_stops_clean)
+{
+	enum { N = 100000 };
+	struct tl_amqp *a = tl_amqp_open();
+	long long first, sent;
+	char log[512];
+	pid_t pid;
+
+	tl_queue(a, "relay.pipe", "", "");
+	tl_sql(db, "SELECT outbox_enqueue('', 'relay.pipe', 'msg ' || g) "
+	    "FROM generate_series(1, %d) g", N);
+	first = tl_sql_int(db, "SELECT min(id) FROM t_transactional_message");
+	pid = tl_outboxd_start(PIPELINED);
+	snprintf(log, sizeof(log), "%s", tl_outboxd_log(pid));
+	ck_assert_int_eq(tl_wait_sql_int(db, 2, 30000, SESSIONS_IN_A_BATCH),
+	    2);
+	ck_assert_int_eq(tl_outboxd_stop(pid, 30000), 0);
+	ck_assert_msg(tl_file_lines(log, "msg=\"postgres connected\" "
+	    "sessions=2", NULL) == 1, "log %s", log);
+	sent = assert_stopped_clean(a, "relay.pipe", first, N);
+	ck_assert_msg(sent > 0 && sent < N, "%lld of %d rows sent before "
+	    "SIGTERM: the test proves nothing", sent, N);
+	tl_amqp_close(a);
+}
+END_TEST
+
+/*
+ * A lock queued behind a pipelined relay's open batch (a migration's)
+ * would wait for that batch, the batch for the relay's next claim, and
+ * the claim for the lock: nothing would move until a lock_timeout (60 s
+ * here).  The claim made while a batch is open gives way quickly, so
+ * the lock comes within a batch's time, and the relay goes on after it.
+ */
+START_TEST(test_pipelined_claim_gives_way_to_a_lock)
+{
+	enum { N = 100000 };
+	struct tl_amqp *a = tl_amqp_open();
+	PGconn *locker;
+	int64_t t0;
+	pid_t pid;
+
+	tl_queue(a, "relay.pipe.lock", "", "");
+	tl_consume(a, "relay.pipe.lock");
+	tl_sql(db, "SELECT outbox_enqueue('', 'relay.pipe.lock', 'msg ' || "
+	    "g) FROM generate_series(1, %d) g", N);
+	pid = tl_outboxd_start(PIPELINED "postgres.lock_timeout: 60s\n");
+	ck_assert_int_eq(tl_wait_sql_int(db, 2, 30000, SESSIONS_IN_A_BATCH),
+	    2);
+	locker = tl_pg();
+	t0 = tl_ms();
+	/* tl_sql fails the test if the lock is not granted in 10 s. */
+	tl_sql(locker, "BEGIN; SET LOCAL lock_timeout = '10s'; LOCK TABLE "
+	    "t_transactional_message IN ACCESS EXCLUSIVE MODE");
+	fprintf(stderr, "relay: the lock behind a pipelined relay came in "
+	    "%lld ms\n", (long long)(tl_ms() - t0));
+	ck_assert_int_lt(tl_sql_int(locker, COUNT_STATUS(1)), N);
+	tl_sql(locker, "COMMIT");
+	PQfinish(locker);
+	ck_assert_int_eq(tl_wait_sql_int(db, N, 120000, COUNT_STATUS(1)), N);
+	ck_assert_int_eq(tl_outboxd_stop(pid, 10000), 0);
+	tl_amqp_close(a);
+}
+END_TEST
+
 START_TEST(test_bad_rows_fail_alone_and_die)
 {
 	struct tl_amqp *a = tl_amqp_open();
@@ -458,6 +554,8 @@ main(void)
 	tcase_add_test(tc, test_workers_share_the_backlog);
 	tcase_add_test(tc, test_workers_join_on_a_backlog);
 	tcase_add_test(tc, test_workers_stop_cleanly_mid_stream);
+	tcase_add_test(tc, test_pipelined_relay_overlaps_and_stops_clean);
+	tcase_add_test(tc, test_pipelined_claim_gives_way_to_a_lock);
 	tcase_add_test(tc, test_bad_rows_fail_alone_and_die);
 	tcase_add_test(tc, test_failure_is_rescheduled_in_future);
 	tcase_add_test(tc, test_schedule_follows_formula_and_cap);

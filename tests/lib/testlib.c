@@ -377,11 +377,56 @@ static struct {
 static const char *const sections[] = { "log", "postgres", "rabbitmq",
 	"redis", "relay", "backoff", "reconnect", "http", NULL };
 
-/* Writes section: then its base lines and the extra "section.key: v"
- * lines that belong to it. */
+/* Whether the "section.key:" that starts line is set in yaml. */
+static bool
+key_set_in(const char *line, const char *yaml)
+{
+	const char *colon = strchr(line, ':');
+	size_t klen = colon != NULL ? (size_t)(colon - line) + 1 : 0;
+
+	for (const char *p = yaml; klen > 0 && p != NULL && *p != '\0';) {
+		if (strncmp(p, line, klen) == 0)
+			return true;
+		p = strchr(p, '\n');
+		p = p != NULL ? p + 1 : NULL;
+	}
+	return false;
+}
+
+/* Writes the "section.key: value" lines of extra that belong to name,
+ * as its keys, but for those that own sets; returns how many. */
+static int
+put_section_keys(FILE *f, const char *name, const char *extra,
+    const char *own)
+{
+	size_t nlen = strlen(name);
+	int n = 0;
+
+	for (const char *p = extra; p != NULL && *p != '\0';) {
+		const char *eol = strchr(p, '\n');
+		size_t len = eol ? (size_t)(eol - p) : strlen(p);
+
+		if (len > nlen && strncmp(p, name, nlen) == 0 &&
+		    p[nlen] == '.' && !key_set_in(p, own)) {
+			fprintf(f, "  %.*s\n", (int)(len - nlen - 1),
+			    p + nlen + 1);
+			n++;
+		}
+		p = eol ? eol + 1 : p + len;
+	}
+	return n;
+}
+
+/*
+ * Writes section: then its base lines and the extra "section.key: v"
+ * lines that belong to it.  OUTBOXD_TEST_YAML, in the same form, goes
+ * into every config, but for the keys a test sets itself: a whole suite
+ * runs again in another mode (the Makefile's pipelined runs).
+ */
 static void
 write_config(FILE *f, const char *extra)
 {
+	const char *every = getenv("OUTBOXD_TEST_YAML");
 	char base_pg[512], base_amqp[128], base_redis[128];
 
 	snprintf(base_pg, sizeof(base_pg), "  conninfo: \"%s\"\n",
@@ -392,8 +437,7 @@ write_config(FILE *f, const char *extra)
 	    "  address: \"127.0.0.1:%s\"\n", tl_env("OUTBOXD_REDIS_PORT"));
 	for (int s = 0; sections[s] != NULL; s++) {
 		const char *name = sections[s];
-		size_t nlen = strlen(name);
-		bool has_http_listen = false;
+		int own;
 
 		fprintf(f, "%s:\n", name);
 		if (strcmp(name, "postgres") == 0)
@@ -404,21 +448,10 @@ write_config(FILE *f, const char *extra)
 			fputs(base_redis, f);
 		else if (strcmp(name, "reconnect") == 0)
 			fputs("  max: 1s\n", f);
-		for (const char *p = extra; p != NULL && *p != '\0';) {
-			const char *eol = strchr(p, '\n');
-			size_t len = eol ? (size_t)(eol - p) : strlen(p);
-
-			if (len > nlen && strncmp(p, name, nlen) == 0 &&
-			    p[nlen] == '.') {
-				fprintf(f, "  %.*s\n", (int)(len - nlen - 1),
-				    p + nlen + 1);
-				if (strcmp(name, "http") == 0)
-					has_http_listen = true;
-			}
-			p = eol ? eol + 1 : p + len;
-		}
+		own = put_section_keys(f, name, extra, NULL);
+		(void)put_section_keys(f, name, every, extra);
 		/* Several instances in one test must not fight for a port. */
-		if (strcmp(name, "http") == 0 && !has_http_listen)
+		if (strcmp(name, "http") == 0 && own == 0)
 			fputs("  listen: \"\"\n", f);
 		if (strcmp(name, "log") == 0 && (extra == NULL ||
 		    strstr(extra, "log.level") == NULL))

@@ -454,6 +454,9 @@ static const struct value_case {
 	    "got \"no\"" },
 	{ "redis.enabled", "{}", "!redis.enabled: expected true or false, "
 	    "got a mapping" },
+	{ "relay.pipeline", "true", "relay.pipeline: true" },
+	{ "relay.pipeline", "1", "!relay.pipeline: expected true or false, "
+	    "got \"1\"" },
 	/* duration */
 	{ "relay.poll_interval", "250ms", "relay.poll_interval: 250ms" },
 	{ "relay.poll_interval", "1h", "relay.poll_interval: 1h" },
@@ -1174,7 +1177,7 @@ START_TEST(test_keys_and_dump_agree)
 		p = strchr(p, '\n') + 1;
 	}
 	ck_assert_str_eq(p, "");
-	ck_assert_uint_eq(n, 52);
+	ck_assert_uint_eq(n, 53);
 	free(dump);
 	config_free(&c);
 }
