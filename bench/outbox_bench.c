@@ -1535,8 +1535,10 @@ metric(const char *text, const char *name)
 	return -1;
 }
 
+/* pipeline: relay.pipeline's value, or NULL for outboxd's default. */
 static void
-outboxd_config(const char *path, int batch, int workers)
+outboxd_config(const char *path, int batch, int workers,
+    const char *pipeline)
 {
 	FILE *f = fopen(path, "w");
 
@@ -1551,8 +1553,8 @@ outboxd_config(const char *path, int batch, int workers)
 	    "%s%s%s"
 	    "http:\n  listen: \"127.0.0.1:%d\"\n",
 	    O.conninfo, O.amqp_port, O.redis_port, batch, workers,
-	    O.pipeline ? "  pipeline: " : "", O.pipeline ? O.pipeline : "",
-	    O.pipeline ? "\n" : "", O.http_port);
+	    pipeline ? "  pipeline: " : "", pipeline ? pipeline : "",
+	    pipeline ? "\n" : "", O.http_port);
 	fclose(f);
 }
 
@@ -1611,7 +1613,7 @@ outboxd_spawn(const char *cfg, const char *command, const char *log)
 
 /* Starts `outboxd run` and waits until /healthz says it is connected. */
 static pid_t
-outboxd_start(const char *tag, int batch, int workers)
+outboxd_start(const char *tag, int batch, int workers, const char *pipeline)
 {
 	char cfg[512], log[512], buf[4096];
 	int64_t end = us_now() + 30000000;
@@ -1619,7 +1621,7 @@ outboxd_start(const char *tag, int batch, int workers)
 
 	snprintf(cfg, sizeof(cfg), "%s/bench-outboxd.yml", O.dir);
 	snprintf(log, sizeof(log), "%s/outboxd-%s.log", O.dir, tag);
-	outboxd_config(cfg, batch, workers);
+	outboxd_config(cfg, batch, workers, pipeline);
 	pid = outboxd_spawn(cfg, "run", log);
 	child_pid = pid;
 	for (;;) {
@@ -1635,7 +1637,8 @@ outboxd_start(const char *tag, int batch, int workers)
 			die("outboxd not healthy after 30 s; see %s", log);
 		nap_us(10000);
 	}
-	find_backends(O.pipeline != NULL && strcmp(O.pipeline, "true") == 0 ?
+	/* A pipelined relay has two sessions. */
+	find_backends(pipeline != NULL && strcmp(pipeline, "true") == 0 ?
 	    2 * workers : workers);
 	return pid;
 }
@@ -1684,6 +1687,7 @@ struct drain_spec {
 	int64_t lo;		/* first id */
 	int batch;
 	int workers;		/* 0: O.workers */
+	const char *pipeline;	/* relay.pipeline; NULL: O.pipeline */
 	bool backlog;		/* rows loaded before the relay starts */
 	bool live;		/* the consumer runs during the drain */
 	enum relay_kind relay;
@@ -1954,11 +1958,13 @@ drain(const struct drain_spec *sp, struct drain_result *r)
 		t0 = us_now();
 		if (outboxd)
 			pid = outboxd_start(sp->tag, sp->batch,
-			    sp->workers > 0 ? sp->workers : O.workers);
+			    sp->workers > 0 ? sp->workers : O.workers,
+			    sp->pipeline ? sp->pipeline : O.pipeline);
 	} else {
 		if (outboxd)
 			pid = outboxd_start(sp->tag, sp->batch,
-			    sp->workers > 0 ? sp->workers : O.workers);
+			    sp->workers > 0 ? sp->workers : O.workers,
+			    sp->pipeline ? sp->pipeline : O.pipeline);
 		note("%s: loading %ld rows%s", sp->tag, sp->n, outboxd ?
 		    " while outboxd waits" : "");
 		load_rows(c, sp->lo, sp->n, sp->nq);
@@ -2240,24 +2246,31 @@ phase_ref(void)
 	}
 }
 
-/* Drains one queue with 1 to 4 relay workers: what overlapping buys. */
+/*
+ * Drains one queue with 1 to 4 relay workers, and with the default
+ * workers pipelined (relay.pipeline: true): what overlapping buys.
+ */
 static void
 phase_workers(void)
 {
 	for (int live = 1; live >= 0; live--) {
-		for (int n = 1; n <= 4; n++) {
+		for (int n = 1; n <= 5; n++) {
+			bool pipe = n == 5;
 			struct drain_spec sp = { .n = O.rows, .nq = 1,
-				.lo = 1, .batch = O.batch, .workers = n,
-				.live = live };
+				.lo = 1, .batch = O.batch,
+				.workers = pipe ? O.workers : n, .live = live,
+				.pipeline = pipe ? "true" : NULL };
 			struct drain_result r;
-			char fig[64], tag[32];
+			char fig[80], tag[32];
 
-			snprintf(tag, sizeof(tag), "workers-%d-%s", n,
+			snprintf(tag, sizeof(tag), "workers-%d%s-%s",
+			    sp.workers, pipe ? "-pipelined" : "",
 			    live ? "live" : "fills");
 			sp.tag = tag;
 			drain_fresh(&sp, &r);
-			snprintf(fig, sizeof(fig), "outboxd drain, %d worker%s, "
-			    "1 queue, %s", n, n > 1 ? "s" : "", regime(live));
+			snprintf(fig, sizeof(fig), "outboxd drain, %d worker%s%s, "
+			    "1 queue, %s", sp.workers, sp.workers > 1 ? "s" : "",
+			    pipe ? " pipelined" : "", regime(live));
 			drain_row(fig, &r, true);
 		}
 	}
@@ -2521,7 +2534,7 @@ phase_latency(void)
 
 	reset_tables(c);
 	PQfinish(c);
-	pid = outboxd_start("latency", O.batch, O.workers);
+	pid = outboxd_start("latency", O.batch, O.workers, O.pipeline);
 	latency_run(pid, 200);
 	latency_run(pid, 1000);
 	outboxd_stop(pid);
@@ -2539,7 +2552,7 @@ outboxd_migrate(void)
 
 	snprintf(cfg, sizeof(cfg), "%s/bench-outboxd.yml", O.dir);
 	snprintf(log, sizeof(log), "%s/outboxd-migrate.log", O.dir);
-	outboxd_config(cfg, O.batch, O.workers);
+	outboxd_config(cfg, O.batch, O.workers, O.pipeline);
 	pid = outboxd_spawn(cfg, "migrate", log);
 	if (waitpid(pid, &st, 0) != pid || !WIFEXITED(st) ||
 	    WEXITSTATUS(st) != 0)

@@ -791,7 +791,8 @@ batch_start(struct batch *bt, struct broker *b,
 	bt->deadline = now_mono_ms() + bk_confirm_ms(b);
 	bt->probe = SIZE_MAX;
 	bt->closes = 0;
-	if (b->cap_slots < n) {
+	/* Even for an empty batch: memset() must not get NULL. */
+	if (b->slots == NULL || b->cap_slots < n) {
 		b->cap_slots = n + n / 2 + 16;
 		b->slots = xrealloc(b->slots, b->cap_slots * sizeof(*b->slots));
 	}
