@@ -116,8 +116,9 @@ relay_set_conf(struct relay *r, const struct relay_conf *conf)
 	r->cycle_retry.params = conf->reconnect;
 	if (n <= r->cap)
 		return;
-	/* Between steps: no side holds a batch. */
-	for (size_t k = 0; k < 2; k++) {
+	/* Between steps: no side holds a batch.  The second side only
+	 * exists in a pipelined relay. */
+	for (size_t k = 0; k < (r->sides[1].store != NULL ? 2 : 1); k++) {
 		struct side *x = &r->sides[k];
 
 		x->msgs = xrealloc(x->msgs, n * sizeof(*x->msgs));
