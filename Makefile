@@ -31,11 +31,12 @@ CFLAGS += -std=c11 -D_GNU_SOURCE -DOUTBOXD_VERSION='"$(VERSION)"' \
 	$(WARN) -Idaemon $(PKG_CFLAGS)
 LDLIBS += $(PKG_LIBS) -lm
 
+SAN_B := build/san
 ifneq ($(SANITIZER),)
 CFLAGS  += -fsanitize=$(SANITIZER) -fno-omit-frame-pointer \
 	-fno-sanitize-recover=all
 LDFLAGS += -fsanitize=$(SANITIZER)
-B := build/san
+B := $(SAN_B)
 else
 B := build
 endif
@@ -147,13 +148,12 @@ tsan:
 # relay).  A report aborts outboxd or the test, and so fails the test.
 # Sized for CI; all of the suites under the sanitizers:
 # make SANITIZER=address,undefined unit integration (slower).
-ASAN_B := build/san
 asan:
 	@$(MAKE) --no-print-directory SANITIZER=address,undefined unit \
-		$(ASAN_B)/tests/integration/check_relay \
-		$(ASAN_B)/tests/integration/check_badrows
-	@OUTBOXD_BIN=$(ASAN_B)/outboxd PIPELINED_SUITES=check_badrows \
-		tests/run-integration.sh $(ASAN_B)/tests/integration/check_relay \
+		$(SAN_B)/tests/integration/check_relay \
+		$(SAN_B)/tests/integration/check_badrows
+	@OUTBOXD_BIN=$(SAN_B)/outboxd PIPELINED_SUITES=check_badrows \
+		tests/run-integration.sh $(SAN_B)/tests/integration/check_relay \
 		tests/integration/test_pipelined.sh
 
 # outboxd itself under valgrind memcheck (uninitialised reads, which ASan
