@@ -2247,19 +2247,21 @@ phase_ref(void)
 }
 
 /*
- * Drains one queue with 1 to 4 relay workers, and with the default
- * workers pipelined (relay.pipeline: true): what overlapping buys.
+ * Drains one queue with 1 to 4 relay workers, then pipelined
+ * (relay.pipeline: true) with one worker, which holds as many sessions
+ * as the default two plain ones, and with the default workers: what
+ * overlapping buys.
  */
 static void
 phase_workers(void)
 {
 	for (int live = 1; live >= 0; live--) {
-		for (int n = 1; n <= 5; n++) {
-			bool pipe = n == 5;
+		for (int n = 1; n <= 6; n++) {
+			bool pipe = n >= 5;
 			struct drain_spec sp = { .n = O.rows, .nq = 1,
 				.lo = 1, .batch = O.batch,
-				.workers = pipe ? O.workers : n, .live = live,
-				.pipeline = pipe ? "true" : NULL };
+				.workers = n == 5 ? 1 : n == 6 ? O.workers : n,
+				.live = live, .pipeline = pipe ? "true" : NULL };
 			struct drain_result r;
 			char fig[80], tag[32];
 
