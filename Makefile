@@ -68,18 +68,21 @@ $(B)/%.o: %.c $(wildcard daemon/*.h) $(wildcard tests/lib/*.h)
 	$(CC) $(CFLAGS) -Itests/lib -c -o $@ $<
 
 # The migrations are compiled into the binary, so `outboxd migrate` needs
-# no files at run time.  Each file becomes one C string.
+# no files at run time.  Each file becomes one C string, with the index
+# its "-- outboxd: online index NAME" line names, if any.
 $(B)/gen/migrations.c: $(SQL_FILES) Makefile
 	@mkdir -p $(dir $@)
 	@awk 'BEGIN { print "/* Generated from the sql/ files by the Makefile. */"; \
 		print "#include \"migrations.h\""; \
 		print "const struct migration migrations[] = {" } \
-	FNR == 1 { if (NR > 1) print "\" },"; \
-		n = FILENAME; sub(".*/", "", n); \
+	FNR == 1 { if (NR > 1) printf "\", %s },\n", online; \
+		online = "0"; n = FILENAME; sub(".*/", "", n); \
 		printf "\t{ \"%s\", \"", n } \
+	/^-- outboxd: online index / { online = "\"" $$5 "\"" } \
 	{ gsub(/\\/, "\\\\"); gsub(/"/, "\\\""); \
 		printf "%s\\n\"\n\t\"", $$0 } \
-	END { print "\" },"; print "\t{ 0, 0 },"; print "};" }' \
+	END { printf "\", %s },\n", online; print "\t{ 0, 0, 0 },"; \
+		print "};" }' \
 		$(SQL_FILES) > $@
 
 $(B)/gen/migrations.o: $(B)/gen/migrations.c daemon/migrations.h

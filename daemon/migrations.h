@@ -8,6 +8,11 @@
 struct migration {
 	const char *name;	/* file name, e.g. "001_outbox_tables.sql" */
 	const char *sql;
+	/* The index a migration builds with CREATE INDEX CONCURRENTLY, from
+	 * its file's "-- outboxd: online index NAME" line; such a file holds
+	 * that one statement, run outside a transaction.  NULL: the file
+	 * runs in a transaction. */
+	const char *online_index;
 };
 
 /* In file order; ends with { NULL, NULL }. */

@@ -414,55 +414,206 @@ warn_invalid_indexes(struct store *s)
 	return 0;
 }
 
-int
-store_migrate(struct store *s)
+/* The session lock that serialises instances migrating at once. */
+#define MIGRATE_LOCK_KEY "7400313"
+#define MIGRATE_LOCK_POLL_MS 200
+
+/*
+ * Takes the migration lock, waiting as long as another instance's run
+ * lasts.  Polled, not waited for in one statement: a concurrent index
+ * build of that run waits for every older transaction to end, and a
+ * statement waiting for its lock would be one of them (a deadlock that
+ * PostgreSQL breaks by cancelling one side).
+ */
+static int
+migrate_lock(struct store *s)
 {
-	char saved[sizeof(s->error)];
-	PGresult *res;
+	bool logged = false;
 
-	/* An advisory lock serialises instances migrating at once; the
-	 * version table lets a second run skip what is applied. */
-	if (exec_command(s, "BEGIN; SET LOCAL lock_timeout = 0") == -1 ||
-	    exec_command(s, "SELECT pg_advisory_xact_lock(7400313)") == -1 ||
-	    exec_command(s, "CREATE TABLE IF NOT EXISTS outboxd_migrations ("
-		"name text PRIMARY KEY,"
-		" applied_at timestamptz NOT NULL DEFAULT now())") == -1)
-		goto fail;
-	for (const struct migration *m = migrations; m->name != NULL; m++) {
-		const char *params[1] = { m->name };
+	for (;;) {
+		PGresult *res = query(s, "migrate", "SELECT pg_try_advisory_"
+		    "lock(" MIGRATE_LOCK_KEY ")", 0, NULL, PGRES_TUPLES_OK);
+		bool taken;
 
-		bool applied;
-
-		res = query(s, "migrate", "SELECT 1 FROM outboxd_migrations"
-		    " WHERE name = $1", 1, params, PGRES_TUPLES_OK);
 		if (res == NULL)
-			goto fail;
-		applied = PQntuples(res) == 1;
+			return -1;
+		taken = *PQgetvalue(res, 0, 0) == 't';
 		PQclear(res);
-		if (applied)
-			continue;
-		if (exec_command(s, m->sql) == -1) {
-			char what[128];
-
-			memcpy(saved, s->error, sizeof(saved));
-			set_error(s, strfmt(what, sizeof(what), "migration %s",
-			    m->name), saved);
-			goto fail;
-		}
-		res = query(s, "migrate", "INSERT INTO outboxd_migrations"
-		    " (name) VALUES ($1)", 1, params, PGRES_COMMAND_OK);
-		if (res == NULL)
-			goto fail;
-		PQclear(res);
-		log_info("migration applied", "name=%s", m->name);
+		if (taken)
+			return 0;
+		if (!logged)
+			log_info("waiting for another migration", "lock=%s",
+			    MIGRATE_LOCK_KEY);
+		logged = true;
+		sleep_ms(MIGRATE_LOCK_POLL_MS, NULL);
 	}
-	if (exec_command(s, "COMMIT") == -1)
+}
+
+/* Prefixes the store's error with the migration that caused it. */
+static int
+migration_failed(struct store *s, const struct migration *m)
+{
+	char saved[sizeof(s->error)], what[128];
+
+	memcpy(saved, s->error, sizeof(saved));
+	set_error(s, strfmt(what, sizeof(what), "migration %s", m->name),
+	    saved);
+	return -1;
+}
+
+static int
+record_migration(struct store *s, const struct migration *m)
+{
+	const char *params[1] = { m->name };
+	PGresult *res = query(s, "migrate", "INSERT INTO outboxd_migrations"
+	    " (name) VALUES ($1)", 1, params, PGRES_COMMAND_OK);
+
+	if (res == NULL)
 		return -1;
-	return warn_invalid_indexes(s);
+	PQclear(res);
+	return 0;
+}
+
+/* A migration and its record, in one transaction. */
+static int
+apply_in_transaction(struct store *s, const struct migration *m)
+{
+	if (exec_command(s, "BEGIN") == -1)
+		return -1;
+	if (exec_command(s, m->sql) == -1) {
+		migration_failed(s, m);
+		goto fail;
+	}
+	if (record_migration(s, m) == -1 || exec_command(s, "COMMIT") == -1)
+		goto fail;
+	return 0;
 fail:
 	/* Keep the real error; the rollback's own outcome adds nothing. */
 	PQclear(PQexec(s->conn, "ROLLBACK"));
 	return -1;
+}
+
+/* Whether the named index exists (1), is valid (2), or neither (0);
+ * -1 when the query failed. */
+static int
+index_state(struct store *s, const char *name)
+{
+	const char *params[1] = { name };
+	PGresult *res = query(s, "migrate", "SELECT i.indisvalid FROM pg_index"
+	    " i WHERE i.indexrelid = to_regclass($1)", 1, params,
+	    PGRES_TUPLES_OK);
+	int state;
+
+	if (res == NULL)
+		return -1;
+	state = PQntuples(res) == 0 ? 0 :
+	    *PQgetvalue(res, 0, 0) == 't' ? 2 : 1;
+	PQclear(res);
+	return state;
+}
+
+/*
+ * A migration that builds its index CONCURRENTLY, outside a transaction:
+ * producers' inserts go on meanwhile.  Such a build that failed or was
+ * cancelled (here or by hand) leaves an invalid index of the name, which
+ * IF NOT EXISTS would take as done: it is dropped and built again.  The
+ * record follows the build; a run that dies in between builds nothing
+ * the next time, the index being there.
+ */
+static int
+apply_online(struct store *s, const struct migration *m)
+{
+	int state = index_state(s, m->online_index);
+	char what[128], detail[256];
+
+	if (state == -1)
+		return -1;
+	if (state == 1) {
+		char *ident = PQescapeIdentifier(s->conn, m->online_index,
+		    strlen(m->online_index));
+		char drop[256];
+
+		if (ident == NULL) {
+			set_error(s, "migrate", PQerrorMessage(s->conn));
+			return -1;
+		}
+		log_warn("rebuilding an invalid index", "index=%s migration=%s",
+		    m->online_index, m->name);
+		strfmt(drop, sizeof(drop), "DROP INDEX CONCURRENTLY IF EXISTS "
+		    "%s", ident);
+		PQfreemem(ident);
+		if (exec_command(s, drop) == -1)
+			return migration_failed(s, m);
+	}
+	if (exec_command(s, m->sql) == -1)
+		return migration_failed(s, m);
+	state = index_state(s, m->online_index);
+	if (state == -1)
+		return -1;
+	if (state != 2) {
+		/* Only another session building the same name leaves it so:
+		 * recording the migration now would hide that. */
+		strfmt(detail, sizeof(detail), "index %s is %s after its "
+		    "build; is another session building it?",
+		    m->online_index, state == 0 ? "missing" : "not valid");
+		set_error(s, strfmt(what, sizeof(what), "migration %s",
+		    m->name), detail);
+		return -1;
+	}
+	return record_migration(s, m);
+}
+
+int
+store_migrate(struct store *s)
+{
+	int rc = -1;
+
+	/* A migration waits for the locks it needs as long as it takes; the
+	 * relay's own lock_timeout is restored after. */
+	if (exec_command(s, "SET lock_timeout = 0") == -1)
+		return -1;
+	if (migrate_lock(s) == -1)
+		goto restore;
+	if (exec_command(s, "CREATE TABLE IF NOT EXISTS outboxd_migrations ("
+	    "name text PRIMARY KEY,"
+	    " applied_at timestamptz NOT NULL DEFAULT now())") == -1)
+		goto unlock;
+	for (const struct migration *m = migrations; m->name != NULL; m++) {
+		const char *params[1] = { m->name };
+		PGresult *res = query(s, "migrate", "SELECT 1 FROM "
+		    "outboxd_migrations WHERE name = $1", 1, params,
+		    PGRES_TUPLES_OK);
+		bool applied;
+
+		if (res == NULL)
+			goto unlock;
+		applied = PQntuples(res) == 1;
+		PQclear(res);
+		if (applied)
+			continue;
+		if ((m->online_index != NULL ? apply_online(s, m) :
+		    apply_in_transaction(s, m)) == -1)
+			goto unlock;
+		log_info("migration applied", "name=%s", m->name);
+	}
+	rc = 0;
+unlock:
+	/* Failed or not, the session lets go of the lock; a lost session
+	 * already has. */
+	PQclear(PQexec(s->conn, "SELECT pg_advisory_unlock(" MIGRATE_LOCK_KEY
+	    ")"));
+restore:
+	if (s->conf.lock_timeout_ms > 0) {
+		char set[64];
+
+		snprintf(set, sizeof(set), "SET lock_timeout = %" PRId64,
+		    s->conf.lock_timeout_ms);
+		PQclear(PQexec(s->conn, set));
+	} else
+		PQclear(PQexec(s->conn, "RESET lock_timeout"));
+	if (rc == 0)
+		rc = warn_invalid_indexes(s);
+	return rc;
 }
 
 /* --- reading binary results ------------------------------------------- */

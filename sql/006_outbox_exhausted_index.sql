@@ -5,8 +5,12 @@
 -- this index, which holds only such rows, it costs nothing whatever the
 -- backlog (docs/PERFORMANCE.md).  Rows enter it only when their last
 -- retry fails, so writes stay as cheap as before.
+--
+-- Built CONCURRENTLY, so producers' inserts go on while it builds (see
+-- 007).  `outboxd migrate` runs it outside a transaction, as psql -f does.
+-- outboxd: online index t_transactional_message_exhausted_idx
 
-CREATE INDEX IF NOT EXISTS t_transactional_message_exhausted_idx
+CREATE INDEX CONCURRENTLY IF NOT EXISTS t_transactional_message_exhausted_idx
     ON t_transactional_message (id)
     WHERE message_status IN (0, 2) AND NOT deleted
       AND current_retry_times >= max_retry_times;

@@ -1380,6 +1380,141 @@ START_TEST(test_cli_status_dead_replay_purge_migrate)
 }
 END_TEST
 
+/* --- migrate: online index builds ---------------------------------------- */
+
+#define SENT_IDX "t_transactional_message_sent_idx"
+#define SENT_MIGRATION "007_outbox_sent_index.sql"
+
+/* As if migration 007 had never run. */
+static void
+unapply_sent_index(void)
+{
+	tl_sql(db, "DROP INDEX IF EXISTS " SENT_IDX);
+	tl_sql(db, "DELETE FROM outboxd_migrations WHERE name = '"
+	    SENT_MIGRATION "'");
+}
+
+static void
+assert_sent_index_built(void)
+{
+	char def[512];
+
+	ck_assert_int_eq(tl_sql_int(db, "SELECT count(*) FROM pg_index WHERE "
+	    "indexrelid = to_regclass('" SENT_IDX "') AND indisvalid"), 1);
+	tl_sql_text(db, def, sizeof(def), "SELECT pg_get_indexdef("
+	    "to_regclass('" SENT_IDX "'))");
+	ck_assert_msg(strstr(def, "(edit_time)") != NULL &&
+	    strstr(def, "message_status = 1") != NULL &&
+	    strstr(def, "UNIQUE") == NULL, "index: %s", def);
+	ck_assert_int_eq(tl_sql_int(db, "SELECT count(*) FROM "
+	    "outboxd_migrations WHERE name = '" SENT_MIGRATION "'"), 1);
+}
+
+/* `outboxd migrate` in a child, whose exit code is migrate's (see
+ * wait_migrate); what migrate wrote goes to the test's stderr. */
+static pid_t
+start_migrate(const char *cfg)
+{
+	pid_t pid = fork();
+
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		static char out[4096], err[65536];
+		int rc = tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+		    cfg, "migrate", NULL);
+
+		fputs(err, stderr);
+		_exit(rc);
+	}
+	return pid;
+}
+
+static int
+wait_migrate(pid_t pid)
+{
+	int rc = tl_outboxd_wait(pid, 60000);
+
+	ck_assert_msg(rc >= 0, "outboxd migrate did not end");
+	return rc;
+}
+
+/* A producer's insert, bounded: it must not queue behind the build. */
+static void
+assert_insert_goes_through(void)
+{
+	PGresult *res = PQexec(db, "SET statement_timeout = '5s'; "
+	    "SELECT outbox_enqueue('', 'dmn.mig', 'during the build')");
+
+	ck_assert_msg(PQresultStatus(res) == PGRES_TUPLES_OK, "an insert "
+	    "during the index build failed: %s", PQerrorMessage(db));
+	PQclear(res);
+	tl_sql(db, "RESET statement_timeout");
+}
+
+START_TEST(test_migrate_builds_indexes_online)
+{
+	static char err[65536];
+	char cfg[512];
+	PGconn *writer = tl_pg();
+	PGresult *res;
+	pid_t pid;
+
+	tl_config_write(cfg, sizeof(cfg), NULL);
+	enqueue("dmn.mig", 3);
+	unapply_sent_index();
+
+	/* An open transaction that wrote to the outbox: the build waits for
+	 * it to end, and a plain CREATE INDEX would hold every other
+	 * producer's insert back meanwhile. */
+	tl_sql(writer, "BEGIN");
+	tl_sql(writer, "SELECT outbox_enqueue('', 'dmn.mig', 'open')");
+	pid = start_migrate(cfg);
+	/* The statement is the file (its text in pg_stat_activity is cut
+	 * short within the header comment). */
+	ck_assert_int_eq(tl_wait_sql_int(db, 1, 20000, "SELECT count(*) FROM "
+	    "pg_stat_activity WHERE pid <> pg_backend_pid() AND query LIKE "
+	    "'-- outboxd migration 007:%%' AND wait_event_type = 'Lock'"), 1);
+	assert_insert_goes_through();
+	tl_sql(writer, "COMMIT");
+	ck_assert_int_eq(wait_migrate(pid), 0);
+	assert_sent_index_built();
+	ck_assert_int_eq(tl_sql_int(db, "SELECT count(*) FROM "
+	    "t_transactional_message"), 5);
+
+	/* A concurrent build that failed left an invalid index of the
+	 * name: migrate drops it and builds the right one. */
+	unapply_sent_index();
+	res = PQexec(db, "CREATE UNIQUE INDEX CONCURRENTLY " SENT_IDX " ON "
+	    "t_transactional_message (queue_name)");
+	ck_assert_msg(PQresultStatus(res) == PGRES_FATAL_ERROR,
+	    "a unique index over duplicate queue names was built");
+	PQclear(res);
+	ck_assert_int_eq(tl_sql_int(db, "SELECT count(*) FROM pg_index WHERE "
+	    "indexrelid = to_regclass('" SENT_IDX "') AND NOT indisvalid"), 1);
+	ck_assert_int_eq(tl_outboxd_cli(NULL, 0, err, sizeof(err), cfg,
+	    "migrate", NULL), 0);
+	ck_assert_msg(strstr(err, "rebuilding an invalid index") != NULL &&
+	    strstr(err, "index=" SENT_IDX) != NULL, "err: %s", err);
+	ck_assert_msg(strstr(err, "index not valid") == NULL, "err: %s", err);
+	assert_sent_index_built();
+
+	/* Another migrate holds the lock: this one waits for it, polling,
+	 * and then has nothing left to do. */
+	unapply_sent_index();
+	tl_sql(writer, "SELECT pg_advisory_lock(7400313)");
+	pid = start_migrate(cfg);
+	ck_assert_int_eq(tl_wait_sql_int(db, 1, 20000, "SELECT count(*) FROM "
+	    "pg_stat_activity WHERE pid <> pg_backend_pid() AND query LIKE "
+	    "'%%pg_try_advisory_lock(7400313)%%'"), 1);
+	ck_assert_int_eq(tl_sql_int(db, "SELECT count(*) FROM "
+	    "outboxd_migrations WHERE name = '" SENT_MIGRATION "'"), 0);
+	tl_sql(writer, "SELECT pg_advisory_unlock(7400313)");
+	ck_assert_int_eq(wait_migrate(pid), 0);
+	assert_sent_index_built();
+	PQfinish(writer);
+}
+END_TEST
+
 /* --- /metrics and /healthz ----------------------------------------------- */
 
 START_TEST(test_metrics_and_health)
@@ -1775,6 +1910,7 @@ main(void)
 	tcase_add_test(tc, test_redis_reconnects_follow_config);
 	tcase_add_test(tc, test_check_config_and_usage);
 	tcase_add_test(tc, test_cli_status_dead_replay_purge_migrate);
+	tcase_add_test(tc, test_migrate_builds_indexes_online);
 	tcase_add_test(tc, test_metrics_and_health);
 	tcase_add_test(tc, test_health_reports_a_stall);
 	tcase_add_test(tc, test_lock_timeout_bounds_the_claim);
