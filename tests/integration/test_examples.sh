@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the producer examples (examples/enqueue.sql, python, node) against
 # the private PostgreSQL of tests/run-integration.sh and checks the order
-# and outbox rows they write, and that a rolled-back order leaves none.
+# and outbox rows they write, and that a rolled-back order leaves none;
+# then applies sql/ with psql -f into a scratch database.
 # Needs PG* from the servers' env.sh and the schema applied.  A missing
 # runtime (python3-psycopg2, node, the pg module) is a failure, not a skip.
 set -uo pipefail
@@ -141,6 +142,32 @@ if [ -n "$node_ok" ] &&
     "$NODE" examples/node/enqueue.js --item node-fail --fail; then
 	pass "node example: commit writes both rows, rollback neither"
 fi
+
+# --- 4. the schema by hand, as docs/OPERATIONS.md shows -----------------
+# psql -f, one file at a time and without -1: the index migrations build
+# CONCURRENTLY, which no transaction block allows.
+scratch=outboxd_psql_schema
+dropdb --if-exists "$scratch" && createdb "$scratch" || exit 1
+schema_ok=1
+for f in sql/*.sql; do
+	if ! out=$(psql -X -q -d "$scratch" -v ON_ERROR_STOP=1 -f "$f" 2>&1); then
+		fail "schema by psql" "$f: $out"
+		schema_ok=
+		break
+	fi
+done
+if [ -n "$schema_ok" ]; then
+	got=$(psql -X -q -At -d "$scratch" -c "SELECT count(*) FILTER
+		(WHERE i.indisvalid), count(*) FROM pg_index i
+		WHERE i.indrelid = 't_transactional_message'::regclass")
+	# The primary key, due, dead, per-key, exhausted and sent indexes.
+	if [ "$got" = "6|6" ]; then
+		pass "schema by psql -f: every file applies, 6 valid indexes"
+	else
+		fail "schema by psql" "valid|all indexes: got '$got', want '6|6'"
+	fi
+fi
+dropdb "$scratch"
 
 sql "DROP TABLE IF EXISTS orders" >/dev/null
 echo "$passed passed, $failed failed"
