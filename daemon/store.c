@@ -545,6 +545,11 @@ apply_online(struct store *s, const struct migration *m)
 		if (exec_command(s, drop) == -1)
 			return migration_failed(s, m);
 	}
+	/* The build waits for every transaction open on the table; an
+	 * operator watching a quiet migrate should know what it waits for. */
+	log_info("building an index concurrently", "index=%s migration=%s "
+	    "note=%s", m->online_index, m->name, log_quote((char[120]){ 0 },
+	    120, "waits for transactions open on the table to end"));
 	if (exec_command(s, m->sql) == -1)
 		return migration_failed(s, m);
 	state = index_state(s, m->online_index);

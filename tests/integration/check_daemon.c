@@ -1495,6 +1495,8 @@ START_TEST(test_migrate_builds_indexes_online)
 	    "migrate", NULL), 0);
 	ck_assert_msg(strstr(err, "rebuilding an invalid index") != NULL &&
 	    strstr(err, "index=" SENT_IDX) != NULL, "err: %s", err);
+	ck_assert_msg(strstr(err, "building an index concurrently") != NULL,
+	    "err: %s", err);
 	ck_assert_msg(strstr(err, "index not valid") == NULL, "err: %s", err);
 	assert_sent_index_built();
 
