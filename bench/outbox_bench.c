@@ -1909,21 +1909,37 @@ drain_idle(pid_t pid, struct cpu_use *idle)
  * Waits until outboxd counts want messages published (it counts them as
  * their confirms arrive, just before it marks them).  Polling the table
  * instead (a count over the unsent rows every few ms) took a third of a
- * core from the servers and slowed the drain it was timing.
+ * core from the servers and slowed the drain it was timing.  Polling
+ * /metrics every 10 ms still cost a filling drain about a tenth of its
+ * rate (docs/PERFORMANCE-LOG.md, "The benchmark's own polling"): it
+ * polls at most every 100 ms now, and more often only when the rate so
+ * far says the end is near, so the end is still timed to a few ms.
  */
+#define POLL_MIN_US 5000
+#define POLL_MAX_US 100000
+
 static bool
 published_wait(int64_t want, int64_t deadline_us)
 {
 	char *text = xmalloc(65536);
+	int64_t t0 = us_now(), t;
 	bool ok = false;
 
-	while (us_now() < deadline_us) {
-		if (http_get("/metrics", text, 65536) == 200 &&
-		    metric(text, "outboxd_messages_published_total") >= (double)want) {
+	while ((t = us_now()) < deadline_us) {
+		double got = -1, left_us = POLL_MAX_US;
+
+		if (http_get("/metrics", text, 65536) == 200)
+			got = metric(text, "outboxd_messages_published_total");
+		if (got >= (double)want) {
 			ok = true;
 			break;
 		}
-		nap_us(10000);
+		/* Half the time the rate so far needs for the rest. */
+		if (got > 0 && t > t0)
+			left_us = ((double)want - got) / (got / (double)(t - t0))
+			    / 2;
+		nap_us(left_us < POLL_MIN_US ? POLL_MIN_US :
+		    left_us > POLL_MAX_US ? POLL_MAX_US : (int64_t)left_us);
 	}
 	free(text);
 	return ok;
