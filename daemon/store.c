@@ -277,6 +277,17 @@ log_notice(void *arg, const char *message)
 	    log_quote((char[600]){ 0 }, 600, text));
 }
 
+/* The statement that gives the session its configured lock_timeout
+ * (0: the server's default). */
+static const char *
+lock_timeout_sql(const struct store *s, char *buf, size_t size)
+{
+	if (s->conf.lock_timeout_ms > 0)
+		return strfmt(buf, size, "SET lock_timeout = %" PRId64,
+		    s->conf.lock_timeout_ms);
+	return "RESET lock_timeout";
+}
+
 int
 store_connect(struct store *s)
 {
@@ -312,14 +323,9 @@ store_connect(struct store *s)
 		if (exec_command(s, set) == -1)
 			goto fail;
 	}
-	if (s->conf.lock_timeout_ms > 0) {
-		char set[64];
-
-		snprintf(set, sizeof(set), "SET lock_timeout = %" PRId64,
-		    s->conf.lock_timeout_ms);
-		if (exec_command(s, set) == -1)
-			goto fail;
-	}
+	if (s->conf.lock_timeout_ms > 0 &&
+	    exec_command(s, lock_timeout_sql(s, (char[64]){ 0 }, 64)) == -1)
+		goto fail;
 	/*
 	 * An outbox table's statistics are stale by nature, and PostgreSQL
 	 * keeps one plan for a prepared statement after five runs.  Planned
@@ -608,14 +614,7 @@ unlock:
 	PQclear(PQexec(s->conn, "SELECT pg_advisory_unlock(" MIGRATE_LOCK_KEY
 	    ")"));
 restore:
-	if (s->conf.lock_timeout_ms > 0) {
-		char set[64];
-
-		snprintf(set, sizeof(set), "SET lock_timeout = %" PRId64,
-		    s->conf.lock_timeout_ms);
-		PQclear(PQexec(s->conn, set));
-	} else
-		PQclear(PQexec(s->conn, "RESET lock_timeout"));
+	PQclear(PQexec(s->conn, lock_timeout_sql(s, (char[64]){ 0 }, 64)));
 	if (rc == 0)
 		rc = warn_invalid_indexes(s);
 	return rc;
