@@ -610,9 +610,9 @@ queue_args(void)
 	amqp_table_t t = amqp_empty_table;
 	const char *eq;
 
-	if (O.queue_arg == NULL)
+	/* The option's parser has checked for the '='. */
+	if (O.queue_arg == NULL || (eq = strchr(O.queue_arg, '=')) == NULL)
 		return t;
-	eq = strchr(O.queue_arg, '=');
 	snprintf(key, sizeof(key), "%.*s", (int)(eq - O.queue_arg),
 	    O.queue_arg);
 	entry.key = amqp_cstring_bytes(key);

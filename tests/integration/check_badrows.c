@@ -17,6 +17,7 @@
 #include <hiredis/hiredis.h>
 
 #include "testlib.h"
+#include "util.h"
 
 #define GOOD "badrows.good"
 #define GOOD_PER_SIDE 10
@@ -85,8 +86,7 @@ record(long long id)
 {
 	if (ngot == capgot) {
 		capgot = capgot ? capgot * 2 : 64;
-		got = realloc(got, capgot * sizeof(*got));
-		ck_assert_ptr_nonnull(got);
+		got = xrealloc(got, capgot * sizeof(*got));
 	}
 	got[ngot++] = id;
 }
@@ -139,8 +139,7 @@ assert_good_delivered(void)
 	res = PQexec(db, "SELECT id FROM t_transactional_message WHERE "
 	    "business_module = 'good'");
 	ck_assert_int_eq(PQresultStatus(res), PGRES_TUPLES_OK);
-	ids = calloc((size_t)n + 1, sizeof(*ids));
-	ck_assert_ptr_nonnull(ids);
+	ids = xcalloc((size_t)n + 1, sizeof(*ids));
 	for (int i = 0; i < PQntuples(res); i++)
 		ids[i] = strtoll(PQgetvalue(res, i, 0), NULL, 10);
 	PQclear(res);

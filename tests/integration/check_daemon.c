@@ -18,6 +18,7 @@
 #include <hiredis/hiredis.h>
 
 #include "testlib.h"
+#include "util.h"
 
 #define COUNT_STATUS(st) "SELECT count(*) FROM t_transactional_message " \
 	"WHERE message_status = " #st
@@ -91,8 +92,7 @@ slurp(const char *path)
 	fseek(f, 0, SEEK_END);
 	len = ftell(f);
 	fseek(f, 0, SEEK_SET);
-	buf = calloc(1, (size_t)len + 1);
-	ck_assert_ptr_nonnull(buf);
+	buf = xcalloc(1, (size_t)len + 1);
 	if (len > 0)
 		ck_assert_int_eq(fread(buf, 1, (size_t)len, f), (size_t)len);
 	fclose(f);
@@ -330,7 +330,7 @@ START_TEST(test_sigterm_finishes_the_batch)
 {
 	enum { N = 20000 };
 	const char *key = "dmn:leader:sigterm";
-	unsigned *counts = calloc(N, sizeof(*counts));
+	unsigned *counts = xcalloc(N, sizeof(*counts));
 	struct tl_amqp *a = tl_amqp_open();
 	long long first, sent, missing = 0;
 	char cfg[512], *log;
@@ -446,7 +446,7 @@ start_stuck(const char *app, const char *extra, int n, char **log)
 static void
 recover_stuck(const char *app, int n)
 {
-	unsigned *counts = calloc((size_t)n, sizeof(*counts));
+	unsigned *counts = xcalloc((size_t)n, sizeof(*counts));
 	long long first;
 	char cfg[512], *log;
 	pid_t pid;
@@ -954,7 +954,7 @@ START_TEST(test_memory_alarm_holds_the_relay)
 {
 	enum { N = 3000, BATCH = 1000 };
 	char yaml[512], health[256], *log, *text;
-	unsigned *counts = calloc(N, sizeof(*counts));
+	unsigned *counts = xcalloc(N, sizeof(*counts));
 	long long last, first;
 	size_t got;
 	pid_t pid;

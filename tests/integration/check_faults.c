@@ -30,6 +30,7 @@
 #include <hiredis/hiredis.h>
 
 #include "testlib.h"
+#include "util.h"
 
 #define QUEUE "faults"
 #define BATCH 500
@@ -664,8 +665,7 @@ consumer_start(struct consumer *c, long long rows)
 	memset(c, 0, sizeof(*c));
 	while (cap < (size_t)rows * 4)
 		cap *= 2;
-	c->tab = calloc(cap, sizeof(*c->tab));
-	ck_assert_ptr_nonnull(c->tab);
+	c->tab = xcalloc(cap, sizeof(*c->tab));
 	c->mask = cap - 1;
 	c->port = atoi(tl_env("OUTBOXD_AMQP_PORT"));
 	pthread_mutex_init(&c->mu, NULL);

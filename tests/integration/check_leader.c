@@ -28,6 +28,7 @@
 
 #include "store.h"
 #include "testlib.h"
+#include "util.h"
 
 /* Short lock timings so that failovers fit in a test. */
 #define TTL_MS 2000
@@ -432,8 +433,7 @@ tally_init(struct tally *t, long long first, long long n)
 	memset(t, 0, sizeof(*t));
 	t->first = first;
 	t->n = n;
-	t->counts = calloc((size_t)n, sizeof(*t->counts));
-	ck_assert_ptr_nonnull(t->counts);
+	t->counts = xcalloc((size_t)n, sizeof(*t->counts));
 }
 
 static void
@@ -1110,8 +1110,8 @@ ordering(bool on, int keys, int per_key)
 	long long n = (long long)keys * per_key, first, good;
 	struct tl_amqp *a = tl_amqp_open();
 	amqp_connection_state_t adm = admin_open();
-	int *next_seq = calloc((size_t)keys, sizeof(*next_seq));
-	unsigned char *seen = calloc((size_t)n, 1);
+	int *next_seq = xcalloc((size_t)keys, sizeof(*next_seq));
+	unsigned char *seen = xcalloc((size_t)n, 1);
 	long long got = 0, dups = 0, late = 0;
 	char yaml[256];
 	pid_t p[2];

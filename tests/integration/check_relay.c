@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "testlib.h"
+#include "util.h"
 
 
 static PGconn *db;
@@ -104,7 +105,7 @@ static long long
 assert_stopped_clean(struct tl_amqp *a, const char *queue, long long first,
     long long n)
 {
-	unsigned *counts = calloc((size_t)(first + n), sizeof(*counts));
+	unsigned *counts = xcalloc((size_t)(first + n), sizeof(*counts));
 	long long received = 0, dup = 0, sent = tl_sql_int(db,
 	    COUNT_STATUS(1));
 
@@ -130,7 +131,7 @@ START_TEST(test_ten_thousand_rows_each_once)
 {
 	enum { N = 10000 };
 	struct tl_amqp *a = tl_amqp_open();
-	unsigned *counts = calloc(N + 1000000, sizeof(*counts));
+	unsigned *counts = xcalloc(N + 1000000, sizeof(*counts));
 	long long first;
 	int64_t t0;
 	pid_t pid;
@@ -163,7 +164,7 @@ START_TEST(test_workers_share_the_backlog)
 {
 	enum { N = 20000, WORKERS = 4 };
 	struct tl_amqp *a = tl_amqp_open();
-	unsigned *counts = calloc(N + 1000000, sizeof(*counts));
+	unsigned *counts = xcalloc(N + 1000000, sizeof(*counts));
 	long long first;
 	char needle[64], log[512];
 	pid_t pid;
@@ -460,7 +461,7 @@ restart_mid_stream(const char *service)
 {
 	enum { N = 5000 };
 	struct tl_amqp *a = tl_amqp_open();
-	unsigned *counts = calloc(2000000, sizeof(*counts));
+	unsigned *counts = xcalloc(2000000, sizeof(*counts));
 	long long first, missing = 0, dups = 0, sent;
 	pid_t pid;
 

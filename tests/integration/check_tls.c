@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "testlib.h"
+#include "util.h"
 
 #define N_ROWS 20
 #define WAIT_MS 30000
@@ -250,8 +251,7 @@ START_TEST(test_tls_delivery)
 	tl_queue(a, "tls_q", "", NULL);
 	last = enqueue(c, "tls_q", N_ROWS);
 	first = last - N_ROWS + 1;
-	counts = calloc((size_t)last + 1, sizeof(*counts));
-	ck_assert_ptr_nonnull(counts);
+	counts = xcalloc((size_t)last + 1, sizeof(*counts));
 	tl_consume(a, "tls_q");
 
 	pid = start("delivery", conninfo, amqps(rabbit, sizeof(rabbit),

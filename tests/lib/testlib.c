@@ -3,6 +3,7 @@
  * rabbitmq-c, outboxd as a child process, and deadline-bound waits.
  */
 #include "testlib.h"
+#include "util.h"
 
 #include <check.h>
 #include <dirent.h>
@@ -183,7 +184,7 @@ tl_amqp_open(void)
 struct tl_amqp *
 tl_amqp_open_as(const char *user, const char *password)
 {
-	struct tl_amqp *a = calloc(1, sizeof(*a));
+	struct tl_amqp *a = xcalloc(1, sizeof(*a));
 	amqp_socket_t *sock;
 	int port = atoi(tl_env("OUTBOXD_AMQP_PORT"));
 
@@ -312,7 +313,7 @@ tl_next(struct tl_amqp *a, int timeout_ms, struct tl_msg *m)
 	    r.library_error == AMQP_STATUS_TIMEOUT)
 		return false;
 	check_reply(r, "consume");
-	m->body = malloc(env.message.body.len + 1);
+	m->body = xmalloc(env.message.body.len + 1);
 	memcpy(m->body, env.message.body.bytes, env.message.body.len);
 	m->body[env.message.body.len] = '\0';
 	m->body_len = env.message.body.len;
@@ -870,8 +871,7 @@ tl_http_get(int port, const char *path, char *body, size_t size)
 		close(fd);
 		return -1;
 	}
-	resp = malloc(cap);
-	ck_assert_ptr_nonnull(resp);
+	resp = xmalloc(cap);
 	while (len < cap - 1 && (n = read(fd, resp + len, cap - 1 - len)) > 0)
 		len += (size_t)n;
 	resp[len] = '\0';

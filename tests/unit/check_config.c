@@ -17,6 +17,7 @@
 
 #include "config.h"
 #include "config_value.h"
+#include "util.h"
 
 /* A password no output may ever contain. */
 #define SECRET "s3cr3t-Hunter2-do-not-print"
@@ -59,8 +60,7 @@ read_file(const char *path, size_t *lenp)
 	len = ftell(f);
 	ck_assert_int_ge(len, 0);
 	rewind(f);
-	buf = malloc((size_t)len + 1);
-	ck_assert_ptr_nonnull(buf);
+	buf = xmalloc((size_t)len + 1);
 	ck_assert_uint_eq(fread(buf, 1, (size_t)len, f), (size_t)len);
 	buf[len] = '\0';
 	fclose(f);
@@ -908,7 +908,7 @@ START_TEST(test_secret_file_too_long)
 
 	tmpdir_setup();
 	snprintf(path, sizeof(path), "%s/big", tmpdir);
-	big = malloc(5000);
+	big = xmalloc(5000);
 	memset(big, 'x', 4999);
 	big[4999] = '\0';
 	write_file(path, big, 0600);
@@ -1086,7 +1086,7 @@ START_TEST(test_sample_documents_every_key)
 
 	for (nkeys = 0; keys[nkeys] != NULL; nkeys++)
 		;
-	found = calloc(nkeys, sizeof(*found));
+	found = xcalloc(nkeys, sizeof(*found));
 	src_path(path, sizeof(path), "config/outboxd.yml");
 	text = read_file(path, NULL);
 	for (line = strtok_r(text, "\n", &save); line != NULL && n < 1024;
