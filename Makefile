@@ -170,18 +170,27 @@ valgrind-integration: $(B)/outboxd $(VG_INTEG)
 		OUTBOXD_BIN=tests/valgrind-outboxd.sh \
 		tests/run-integration.sh $(VG_INTEG)
 
-# GCC's static analyzer over every C source of the daemon, the tests, the
-# fuzz targets and the benchmark: null dereferences, leaks, double frees and file
-# descriptors left open, on the error paths that no test takes.  Objects
-# only, nothing is linked; with -Werror any finding fails the build.
+# Two static analyzers, GCC's (-fanalyzer) and clang's (--analyze), over
+# every C source of the daemon, the tests, the fuzz targets and the
+# benchmark: null dereferences, leaks, double frees, uninitialised reads
+# and file descriptors left open, on the error paths that no test takes.
+# Nothing is linked; any finding fails (-Werror, -analyzer-werror).
 ANALYZE_B    := build/analyze
 ANALYZE_SRCS := $(DAEMON_SRCS) $(TESTLIB_SRCS) $(UNIT_SRCS) $(INTEG_SRCS) \
 	$(BENCH_SRCS) $(sort $(wildcard tests/fuzz/*.c))
-ANALYZE_OBJS := $(ANALYZE_SRCS:%.c=$(ANALYZE_B)/%.o)
-analyze: $(ANALYZE_OBJS)
-$(ANALYZE_B)/%.o: %.c $(wildcard daemon/*.h tests/lib/*.h) Makefile
+ANALYZE_OUTS := $(ANALYZE_SRCS:%.c=$(ANALYZE_B)/%.o) \
+	$(ANALYZE_SRCS:%.c=$(ANALYZE_B)/%.plist)
+ANALYZE_DEPS := $(wildcard daemon/*.h tests/lib/*.h tests/fuzz/*.h) Makefile
+ANALYZE_INC  := -Itests/lib -Itests/fuzz
+ANALYZE_CC   ?= clang
+analyze: $(ANALYZE_OUTS)
+$(ANALYZE_B)/%.o: %.c $(ANALYZE_DEPS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -fanalyzer -Itests/lib -Itests/fuzz -c -o $@ $<
+	$(CC) $(CFLAGS) -fanalyzer $(ANALYZE_INC) -c -o $@ $<
+$(ANALYZE_B)/%.plist: %.c $(ANALYZE_DEPS)
+	@mkdir -p $(dir $@)
+	$(ANALYZE_CC) --analyze -Xanalyzer -analyzer-werror \
+		$(filter-out -O% -g,$(CFLAGS)) $(ANALYZE_INC) -o $@ $<
 
 bench: deps $(B)/outboxd $(BENCH_BINS)
 	@OUTBOXD_BIN=$(B)/outboxd bench/run.sh

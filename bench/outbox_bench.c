@@ -2134,12 +2134,14 @@ static void
 drain_fresh(struct drain_spec *sp, struct drain_result *r)
 {
 	struct drain_result again;
+	int runs = sp->backlog || sp->idle ? 1 : O.repeat;
 
-	for (int i = 0; i < (sp->backlog || sp->idle ? 1 : O.repeat); i++) {
-		drain_empty(sp, i == 0 ? r : &again);
-		if (i > 0 && again.rate > r->rate && again.ok)
+	drain_empty(sp, r);
+	for (int i = 1; i < runs; i++) {
+		drain_empty(sp, &again);
+		if (again.rate > r->rate && again.ok)
 			*r = again;
-		if (i > 0 && !again.ok)
+		if (!again.ok)
 			*r = again;	/* a failed check must show */
 	}
 }

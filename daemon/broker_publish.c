@@ -72,15 +72,17 @@ xcache_put(struct broker *b, const char *name, const char *type, bool ok,
 void
 bk_xcache_forget(struct broker *b, const char *name)
 {
-	for (size_t i = 0; i < b->n_xs;) {
-		if (strcmp(b->xs[i].name, name) != 0) {
-			i++;
-			continue;
+	size_t kept = 0;
+
+	for (size_t i = 0; i < b->n_xs; i++) {
+		if (strcmp(b->xs[i].name, name) == 0) {
+			free(b->xs[i].name);
+			free(b->xs[i].type);
+		} else {
+			b->xs[kept++] = b->xs[i];
 		}
-		free(b->xs[i].name);
-		free(b->xs[i].type);
-		b->xs[i] = b->xs[--b->n_xs];
 	}
+	b->n_xs = kept;
 }
 
 /*

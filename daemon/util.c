@@ -83,7 +83,7 @@ xstrdup(const char *s)
 	char *p = strdup(s ? s : "");
 
 	if (p == NULL)
-		out_of_memory(strlen(s));
+		out_of_memory(s ? strlen(s) + 1 : 1);
 	return p;
 }
 

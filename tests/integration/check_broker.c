@@ -667,16 +667,23 @@ END_TEST
 START_TEST(test_exchange_deleted_after_cached)
 {
 	struct broker *b = connect_default(), *admin = connect_default();
-	char q[128], x[128], text[300];
-	int64_t want[4] = { 1, 2, 4, 6 };
+	char q[128], x[128], qy[128], y[128], text[300];
+	int64_t want[4] = { 1, 2, 4, 6 }, want_y[2] = { 100, 101 };
 
 	uniq(q, sizeof(q), "del-q");
 	uniq(x, sizeof(x), "del-x");
+	uniq(qy, sizeof(qy), "del-qy");
+	uniq(y, sizeof(y), "del-y");
 	ck_assert(broker_declare_exchange(admin, x, "direct") == 0);
 	ck_assert(broker_declare_queue(admin, q, x, "k") == 0);
-	msg_set(&msgs[0], 1, x, NULL, "k", "cached");
-	publish_ok(b, 1);
+	ck_assert(broker_declare_exchange(admin, y, "direct") == 0);
+	ck_assert(broker_declare_queue(admin, qy, y, "k") == 0);
+	/* Both cached; forgetting x below must keep y. */
+	msg_set(&msgs[0], 100, y, NULL, "k", "y cached");
+	msg_set(&msgs[1], 1, x, NULL, "k", "cached");
+	publish_ok(b, 2);
 	assert_acked(0);
+	assert_acked(1);
 	/* Another connection deletes it: b's cache is now wrong. */
 	ck_assert(broker_delete_exchange(admin, x) == 0);
 	msg_set(&msgs[0], 2, "", NULL, q, "a");
@@ -693,9 +700,12 @@ START_TEST(test_exchange_deleted_after_cached)
 	assert_acked(4);
 	/* Forgotten: the next batch checks again instead of publishing. */
 	msg_set(&msgs[0], 7, x, NULL, "k", "still gone");
-	publish_ok(b, 1);
+	msg_set(&msgs[1], 101, y, NULL, "k", "y still there");
+	publish_ok(b, 2);
 	assert_outcome(0, BROKER_REJECTED, text);
+	assert_acked(1);
 	expect_queue_ids(b, q, want, 4, true);
+	expect_queue_ids(b, qy, want_y, 2, true);
 	broker_free(admin);
 	broker_free(b);
 }
