@@ -2139,10 +2139,9 @@ drain_fresh(struct drain_spec *sp, struct drain_result *r)
 	drain_empty(sp, r);
 	for (int i = 1; i < runs; i++) {
 		drain_empty(sp, &again);
-		if (again.rate > r->rate && again.ok)
+		/* A failed check must show, whatever the rate. */
+		if (!again.ok || again.rate > r->rate)
 			*r = again;
-		if (!again.ok)
-			*r = again;	/* a failed check must show */
 	}
 }
 
