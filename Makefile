@@ -14,6 +14,8 @@
 #   make install PREFIX=/usr/local DESTDIR=
 
 CC       ?= cc
+# clang, for the fuzz targets and its static analyzer (make analyze).
+CLANG    ?= clang
 PREFIX   ?= /usr/local
 DESTDIR  ?=
 SANITIZER ?=
@@ -182,14 +184,13 @@ ANALYZE_OUTS := $(ANALYZE_SRCS:%.c=$(ANALYZE_B)/%.o) \
 	$(ANALYZE_SRCS:%.c=$(ANALYZE_B)/%.plist)
 ANALYZE_DEPS := $(wildcard daemon/*.h tests/lib/*.h tests/fuzz/*.h) Makefile
 ANALYZE_INC  := -Itests/lib -Itests/fuzz
-ANALYZE_CC   ?= clang
 analyze: $(ANALYZE_OUTS)
 $(ANALYZE_B)/%.o: %.c $(ANALYZE_DEPS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -fanalyzer $(ANALYZE_INC) -c -o $@ $<
 $(ANALYZE_B)/%.plist: %.c $(ANALYZE_DEPS)
 	@mkdir -p $(dir $@)
-	$(ANALYZE_CC) --analyze -Xanalyzer -analyzer-werror \
+	$(CLANG) --analyze -Xanalyzer -analyzer-werror \
 		$(filter-out -O% -g,$(CFLAGS)) $(ANALYZE_INC) -o $@ $<
 
 bench: deps $(B)/outboxd $(BENCH_BINS)
@@ -233,7 +234,6 @@ clean:
 # same order every time (how far it gets depends on the machine's speed);
 # the others explore anew.  Needs clang and
 # libclang-rt-14-dev (Debian 12).
-FUZZ_CC           ?= clang
 FUZZ_SECONDS      ?= 60
 FUZZ_LONG_SECONDS ?= 1800
 FUZZ_SEED         ?=
@@ -251,7 +251,7 @@ FUZZ_DEPS    := $(wildcard daemon/*.h) tests/fuzz/fuzz.h Makefile
 define FUZZ_RULE
 $(FUZZ_B)/fuzz_$(1): tests/fuzz/fuzz_$(1).c $(2) $(FUZZ_DEPS)
 	@mkdir -p $(FUZZ_B)
-	$(FUZZ_CC) $(FUZZ_CFLAGS) $(3) -o $$@ tests/fuzz/fuzz_$(1).c \
+	$(CLANG) $(FUZZ_CFLAGS) $(3) -o $$@ tests/fuzz/fuzz_$(1).c \
 		$(filter %.c,$(2)) $(4)
 endef
 
