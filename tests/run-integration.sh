@@ -52,6 +52,18 @@ if [ ${#failed[@]} -gt 0 ]; then
 		# Check's failure lines (file:line:F|E:...), else the tail.
 		grep -E '^[^ ]+:[0-9]+:[FE]:' "$dir/$f.out" ||
 			tail -n 15 "$dir/$f.out"
+		# What outboxd said is usually the cause, and the directory
+		# goes with this script: the logs the failures name (at most
+		# five), else the three newest.
+		logs=$(grep -oE "$dir/[^ ]*\.log" "$dir/$f.out" | sort -u |
+			head -n 5)
+		[ -n "$logs" ] ||
+			logs=$(ls -t "$dir"/daemon-*.log 2>/dev/null | head -n 3)
+		for l in $logs; do
+			[ -f "$l" ] || continue
+			echo "-- the end of $l:"
+			tail -n 20 "$l"
+		done
 	done
 	echo "integration tests FAILED: ${failed[*]}"
 	exit 1
