@@ -255,23 +255,6 @@ reconnect(struct broker *b)
 	}
 }
 
-/* A loopback port with nobody listening. */
-static int
-closed_port(void)
-{
-	struct sockaddr_in sa;
-	socklen_t len = sizeof(sa);
-	int fd = socket(AF_INET, SOCK_STREAM, 0);
-
-	memset(&sa, 0, sizeof(sa));
-	sa.sin_family = AF_INET;
-	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	ck_assert(bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0);
-	ck_assert(getsockname(fd, (struct sockaddr *)&sa, &len) == 0);
-	close(fd);
-	return ntohs(sa.sin_port);
-}
-
 /* ---- publishing -------------------------------------------------------- */
 
 START_TEST(test_default_exchange_properties)
@@ -739,7 +722,7 @@ START_TEST(test_connect_closed_port)
 	int64_t t0;
 
 	conf_init(&conf);
-	conf.nodes[0].port = closed_port();
+	conf.nodes[0].port = tl_free_port();
 	b = broker_new(&conf);
 	t0 = now_mono_ms();
 	ck_assert_int_eq(broker_connect(b), -1);
@@ -761,7 +744,7 @@ START_TEST(test_connect_second_node)
 
 	conf_init(&conf);
 	conf.nodes[1] = conf.nodes[0];
-	conf.nodes[0].port = closed_port();
+	conf.nodes[0].port = tl_free_port();
 	conf.n_nodes = 2;
 	b = connected(&conf);
 	broker_free(b);

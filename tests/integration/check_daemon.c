@@ -249,10 +249,19 @@ assert_nothing_locked(void)
 	    "t_transactional_message FOR UPDATE NOWAIT) s");
 }
 
+/*
+ * The port of the daemon's HTTP listener in this test (each test is a
+ * process of its own).  Picked per test, not once per run: once, a whole
+ * run's listeners from one test on failed to start, the port taken.
+ */
 static int
 http_port(void)
 {
-	return atoi(tl_env("OUTBOXD_HTTP_PORT"));
+	static int port;
+
+	if (port == 0)
+		port = tl_free_port();
+	return port;
 }
 
 /* Scrapes /metrics until name reads want; returns the last value. */

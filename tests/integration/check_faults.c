@@ -202,22 +202,6 @@ end_leftovers(void)
 	unlink(path);
 }
 
-/* Whether something listens on a loopback port (a cheap "is it up"). */
-static bool
-port_open(int port)
-{
-	struct sockaddr_in sa = { .sin_family = AF_INET,
-		.sin_port = htons((uint16_t)port),
-		.sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-	int fd = socket(AF_INET, SOCK_STREAM, 0), rc;
-
-	if (fd == -1)
-		return false;
-	rc = connect(fd, (struct sockaddr *)&sa, sizeof(sa));
-	close(fd);
-	return rc == 0;
-}
-
 static bool
 alive(pid_t pid)
 {
@@ -901,7 +885,7 @@ setup(void)
 	/* A test that failed half-way may have left a server down. */
 	tl_servers("start", "pg");
 	tl_servers("start", "redis");
-	if (!port_open(atoi(tl_env("OUTBOXD_AMQP_PORT"))))
+	if (!tl_port_open(atoi(tl_env("OUTBOXD_AMQP_PORT"))))
 		tl_servers("start", "rabbitmq");
 	db = tl_pg();
 	tl_reset_db(db);

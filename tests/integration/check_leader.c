@@ -502,24 +502,6 @@ wait_at_least(long long want, int timeout_ms, const char *sql)
 
 /* --- metrics ------------------------------------------------------------- */
 
-/* A loopback port nobody listens on (the kernel's pick; config refuses
- * port 0). */
-static int
-free_port(void)
-{
-	struct sockaddr_in sa = { .sin_family = AF_INET };
-	socklen_t len = sizeof(sa);
-	int fd = socket(AF_INET, SOCK_STREAM, 0), port;
-
-	ck_assert_int_ge(fd, 0);
-	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	ck_assert_int_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-	ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
-	port = ntohs(sa.sin_port);
-	close(fd);
-	return port;
-}
-
 /* GET /metrics into buf. */
 static void
 metrics_get(int port, char *buf, size_t size)
@@ -811,7 +793,7 @@ START_TEST(test_redis_outage_falls_back_to_postgres)
 	tl_queue(a, "leader.outage", "", "");
 	tl_consume(a, "leader.outage");
 	for (int i = 0; i < 2; i++) {
-		port[i] = free_port();
+		port[i] = tl_free_port();
 		snprintf(yaml[i], sizeof(yaml[i]), "http.listen: "
 		    "\"127.0.0.1:%d\"\n", port[i]);
 	}

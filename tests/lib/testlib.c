@@ -834,6 +834,22 @@ tl_port_open(int port)
 	return true;
 }
 
+int
+tl_free_port(void)
+{
+	struct sockaddr_in sin = { .sin_family = AF_INET };
+	socklen_t len = sizeof(sin);
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	ck_assert_msg(fd != -1, "socket: %s", strerror(errno));
+	sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	ck_assert_msg(bind(fd, (struct sockaddr *)&sin, sizeof(sin)) == 0 &&
+	    getsockname(fd, (struct sockaddr *)&sin, &len) == 0,
+	    "no free port: %s", strerror(errno));
+	close(fd);
+	return ntohs(sin.sin_port);
+}
+
 double
 tl_metric(const char *text, const char *name)
 {

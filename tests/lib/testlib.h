@@ -132,5 +132,9 @@ pid_t tl_rabbitmq_pid(void);
 bool tl_wait_stopped(pid_t pid, int timeout_ms);
 /* Whether something accepts TCP connections on 127.0.0.1:port. */
 bool tl_port_open(int port);
+/* A loopback TCP port that nothing is bound to now, from the kernel:
+ * for a listener a test starts, so that nothing left from an earlier
+ * test or suite can hold it. */
+int tl_free_port(void);
 
 #endif
