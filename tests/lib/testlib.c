@@ -473,13 +473,12 @@ claim_slot(void)
 
 /*
  * Forks `outboxd -c cfg run` with stdout and stderr in logpath and
- * records it in children[slot].  die_with_parent: the daemon is killed
- * when the process that started it ends, so a failed test cannot leave
- * one running.
+ * records it in children[slot].  The daemon is killed when the test's
+ * process ends, so a failed test cannot leave one running to take the
+ * next tests' rows or ports.
  */
 static pid_t
-spawn_outboxd(int slot, const char *cfg, const char *logpath,
-    bool die_with_parent)
+spawn_outboxd(int slot, const char *cfg, const char *logpath)
 {
 	const char *bin = tl_env("OUTBOXD_BIN");
 	pid_t parent = getpid(), pid = fork();
@@ -488,12 +487,10 @@ spawn_outboxd(int slot, const char *cfg, const char *logpath,
 	if (pid == 0) {
 		int fd = open(logpath, O_WRONLY | O_CREAT | O_TRUNC, 0644);
 
-		if (die_with_parent) {
-			prctl(PR_SET_PDEATHSIG, SIGKILL);
-			/* The parent may be gone already. */
-			if (getppid() != parent)
-				_exit(127);
-		}
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		/* The parent may be gone already. */
+		if (getppid() != parent)
+			_exit(127);
 		if (fd >= 0) {
 			dup2(fd, STDERR_FILENO);
 			dup2(fd, STDOUT_FILENO);
@@ -526,7 +523,7 @@ tl_outboxd_start(const char *extra_yaml)
 	ck_assert_ptr_nonnull(f);
 	write_config(f, extra_yaml);
 	fclose(f);
-	return spawn_outboxd(slot, cfg, logpath, false);
+	return spawn_outboxd(slot, cfg, logpath);
 }
 
 const char *
@@ -635,7 +632,7 @@ tl_outboxd_start_file(const char *cfg_path)
 
 	snprintf(logpath, sizeof(logpath), "%s/daemon-%d-%d.log",
 	    tl_env("OUTBOXD_SERVERS_DIR"), (int)getpid(), ++log_seq);
-	return spawn_outboxd(slot, cfg_path, logpath, true);
+	return spawn_outboxd(slot, cfg_path, logpath);
 }
 
 int

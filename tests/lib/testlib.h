@@ -73,7 +73,9 @@ size_t tl_collect(struct tl_amqp *, unsigned *counts, long long max_id,
 /* --- outboxd and the servers -------------------------------------------- */
 /* Writes a config for the private servers plus extra YAML (whole
  * sections, may be NULL) and starts `outboxd run`; stderr goes to a log
- * file whose path is in tl_outboxd_log(). */
+ * file whose path is in tl_outboxd_log().  The child is killed if the
+ * test process dies, so a failed test cannot leave a daemon relaying
+ * behind the next one. */
 pid_t tl_outboxd_start(const char *extra_yaml);
 const char *tl_outboxd_log(pid_t);
 /* SIGTERM, then waits up to timeout_ms; returns the exit status or -1. */
@@ -94,8 +96,7 @@ int tl_file_lines(const char *path, const char *needle, const char *needle2);
  * file in the servers directory; its path goes to path[size]. */
 void tl_config_write(char *path, size_t size, const char *extra_yaml);
 /* Starts `outboxd -c cfg_path run` like tl_outboxd_start (log file, same
- * bookkeeping), and the child is killed if the test process dies, so a
- * failed test cannot leave a daemon relaying behind the next one. */
+ * bookkeeping, killed with the test process). */
 pid_t tl_outboxd_start_file(const char *cfg_path);
 /* Waits up to timeout_ms for a child started here to exit, without
  * signalling it; returns the exit status (128 + signal when killed) or
