@@ -251,8 +251,9 @@ assert_nothing_locked(void)
 
 /*
  * The port of the daemon's HTTP listener in this test (each test is a
- * process of its own).  Picked per test, not once per run: once, a whole
- * run's listeners from one test on failed to start, the port taken.
+ * process of its own).  Picked per test, not once per run: in one CI run
+ * every listener from one test on failed to start, because something
+ * held the port the run had picked.
  */
 static int
 http_port(void)
