@@ -226,6 +226,14 @@ START_TEST(test_printed_seed_repeats)
 	ck_assert_int_eq(b.rc, 0);
 	ck_assert_str_eq(a.out, b.out);
 
+	/* Proportional jitter shows its factor too. */
+	run_backoff(&a, "--jitter", "proportional", "--jitter-factor", "0.5",
+	    "--seed", "7", NULL);
+	ck_assert_int_eq(a.rc, 0);
+	ck_assert_msg(starts_with(a.out, "strategy=exponential "
+	    "jitter=proportional jitter_factor=0.5 init=10s factor=2 max=1h "
+	    "attempts=5 seed=7\n"), "%s", a.out);
+
 	/* A schedule without randomness has no seed to print. */
 	run_backoff(&a, "--strategy", "fixed", NULL);
 	ck_assert_msg(strstr(a.out, "seed=") == NULL, "%s", a.out);
