@@ -1,19 +1,24 @@
 /*
  * The daemon as an operator meets it, against real servers: signals
  * (graceful stop, second signal, shutdown alarm, reload), the command
- * line, /metrics and /healthz, secrets kept out of every output, and
- * logfmt on stderr.
+ * line, /metrics and /healthz, systemd's notifications and watchdog,
+ * secrets kept out of every output, and logfmt on stderr.
  */
 #include <check.h>
 #include <errno.h>
 #include <math.h>
+#include <poll.h>
 #include <regex.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
+
+#include <netinet/in.h>
 
 #include <hiredis/hiredis.h>
 
@@ -1650,6 +1655,171 @@ START_TEST(test_metrics_and_health)
 }
 END_TEST
 
+/* An HTTP port that is taken: outboxd says so and exits 1 at once,
+ * before it touches a server. */
+START_TEST(test_http_port_taken)
+{
+	struct sockaddr_in sin = { .sin_family = AF_INET };
+	char yaml[256], *log;
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	pid_t pid;
+
+	ck_assert_int_ge(fd, 0);
+	sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	sin.sin_port = htons((uint16_t)http_port());
+	ck_assert_int_eq(bind(fd, (struct sockaddr *)&sin, sizeof(sin)), 0);
+	ck_assert_int_eq(listen(fd, 1), 0);
+	snprintf(yaml, sizeof(yaml), "http.listen: \"127.0.0.1:%d\"\n"
+	    "redis.key: \"dmn:leader:taken\"\n", http_port());
+	pid = tl_outboxd_start(yaml);
+	log = log_of(pid);
+	ck_assert_int_eq(tl_outboxd_wait(pid, 10000), 1);
+	ck_assert_int_eq(log_count(log, "msg=\"cannot start the http "
+	    "endpoint\""), 1);
+	ck_assert_msg(log_count(log, "Address already in use") == 1,
+	    "no reason in:\n%s", slurp(log));
+	ck_assert_msg(log_count(log, "127.0.0.1:") >= 1, "no address in:\n%s",
+	    slurp(log));
+	ck_assert_int_eq(log_count(log, "outboxd starting"), 0);
+	close(fd);
+	free(log);
+}
+END_TEST
+
+/* --- systemd ------------------------------------------------------------- */
+
+/* A socket to take outboxd's sd_notify datagrams, as systemd's does; its
+ * path goes to path[size]. */
+static int
+notify_socket(char *path, size_t size)
+{
+	struct sockaddr_un sun = { .sun_family = AF_UNIX };
+	int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+
+	ck_assert_int_ge(fd, 0);
+	snprintf(path, size, "%s/notify-%d.sock",
+	    tl_env("OUTBOXD_SERVERS_DIR"), (int)getpid());
+	ck_assert_msg(strlen(path) < sizeof(sun.sun_path), "too long: %s",
+	    path);
+	(void)unlink(path);
+	memcpy(sun.sun_path, path, strlen(path) + 1);
+	ck_assert_int_eq(bind(fd, (struct sockaddr *)&sun, sizeof(sun)), 0);
+	return fd;
+}
+
+struct notices {
+	int fd;
+	int watchdogs;		/* "WATCHDOG=1" datagrams read */
+	int64_t last_watchdog_ms, longest_gap_ms;
+};
+
+/* Reads datagrams until one holds want (NULL: none does) or timeout_ms
+ * passes; counts the watchdog pings and their longest gap on the way. */
+static bool
+read_notices(struct notices *n, const char *want, int timeout_ms)
+{
+	int64_t deadline = tl_ms() + timeout_ms;
+	char buf[512];
+
+	for (;;) {
+		struct pollfd p = { .fd = n->fd, .events = POLLIN };
+		int64_t left = deadline - tl_ms();
+		ssize_t len;
+
+		if (left <= 0)
+			return false;
+		if (poll(&p, 1, (int)left) != 1)
+			continue;
+		len = recv(n->fd, buf, sizeof(buf) - 1, 0);
+		if (len < 0)
+			continue;
+		buf[len] = '\0';
+		if (strcmp(buf, "WATCHDOG=1") == 0) {
+			int64_t now = tl_ms();
+
+			if (n->watchdogs++ > 0 &&
+			    now - n->last_watchdog_ms > n->longest_gap_ms)
+				n->longest_gap_ms = now - n->last_watchdog_ms;
+			n->last_watchdog_ms = now;
+		}
+		if (want != NULL && strstr(buf, want) != NULL)
+			return true;
+	}
+}
+
+/*
+ * Under systemd (Type=notify, WatchdogSec=): READY=1 once both servers
+ * answer, watchdog pings at least twice a period, none while the main
+ * loop is stuck (here on a table lock, with lock_timeout 0), RELOADING=1
+ * and READY=1 around a reload, STOPPING=1 on SIGTERM.
+ */
+#define WATCHDOG_MS 4000
+
+START_TEST(test_systemd_notifications)
+{
+	struct notices n = { 0 };
+	char path[256], usec[32], *log;
+	PGconn *locker;
+	int before;
+	pid_t pid;
+
+	n.fd = notify_socket(path, sizeof(path));
+	/* What systemd sets for the service; only outboxd sees them. */
+	snprintf(usec, sizeof(usec), "%d", WATCHDOG_MS * 1000);
+	setenv("NOTIFY_SOCKET", path, 1);
+	setenv("WATCHDOG_USEC", usec, 1);
+	pid = start_with_queue("dmn.notify", "relay.workers: 1\n"
+	    "relay.poll_interval: 200ms\npostgres.lock_timeout: 0\n"
+	    "postgres.application_name: \"dmn-notify\"\n"
+	    "redis.key: \"dmn:leader:notify\"\n");
+	unsetenv("NOTIFY_SOCKET");
+	unsetenv("WATCHDOG_USEC");
+	log = log_of(pid);
+
+	ck_assert_msg(read_notices(&n, "READY=1", 30000), "no READY=1");
+	ck_assert(wait_log(log, "msg=\"outboxd ready\"", 1, 10000));
+	/* Two periods: four pings or more, never a period apart. */
+	ck_assert(!read_notices(&n, NULL, 2 * WATCHDOG_MS));
+	ck_assert_int_ge(n.watchdogs, 4);
+	ck_assert_int_lt(n.longest_gap_ms, WATCHDOG_MS);
+
+	/* The main loop stuck on a lock: the pings stop, so systemd would
+	 * restart it. */
+	locker = tl_pg();
+	tl_sql(locker, "BEGIN");
+	tl_sql(locker, "LOCK TABLE t_transactional_message IN ACCESS "
+	    "EXCLUSIVE MODE");
+	ck_assert_int_eq(tl_wait_sql_int(db, 1, 10000, "SELECT least(count(*), "
+	    "1) FROM pg_stat_activity WHERE application_name = 'dmn-notify' "
+	    "AND wait_event_type = 'Lock'"), 1);
+	/* A ping already sent may still be read; none may follow it. */
+	(void)read_notices(&n, NULL, 100);
+	before = n.watchdogs;
+	ck_assert(!read_notices(&n, NULL, WATCHDOG_MS + 1000));
+	ck_assert_int_eq(n.watchdogs, before);
+	tl_sql(locker, "SELECT outbox_enqueue('', 'dmn.notify', 'x')");
+	tl_sql(locker, "COMMIT");
+	PQfinish(locker);
+	ck_assert_msg(read_notices(&n, "WATCHDOG=1", WATCHDOG_MS),
+	    "no pings after the lock");
+	ck_assert_int_eq(tl_wait_sql_int(db, 1, 20000, COUNT_STATUS(1)), 1);
+
+	kill(pid, SIGHUP);
+	ck_assert_msg(read_notices(&n, "RELOADING=1", 10000),
+	    "no RELOADING=1");
+	ck_assert_msg(read_notices(&n, "READY=1", 10000),
+	    "no READY=1 after the reload");
+	ck_assert(wait_log(log, "msg=\"config reloaded\"", 1, 10000));
+
+	kill(pid, SIGTERM);
+	ck_assert_msg(read_notices(&n, "STOPPING=1", 25000), "no STOPPING=1");
+	ck_assert_int_eq(tl_outboxd_wait(pid, 25000), 0);
+	close(n.fd);
+	(void)unlink(path);
+	free(log);
+}
+END_TEST
+
 /* --- secrets ------------------------------------------------------------- */
 
 #define PG_SECRET "Pg-S3cret-dmn-4711"
@@ -1924,6 +2094,8 @@ main(void)
 	tcase_add_test(tc, test_cli_status_dead_replay_purge_migrate);
 	tcase_add_test(tc, test_migrate_builds_indexes_online);
 	tcase_add_test(tc, test_metrics_and_health);
+	tcase_add_test(tc, test_http_port_taken);
+	tcase_add_test(tc, test_systemd_notifications);
 	tcase_add_test(tc, test_health_reports_a_stall);
 	tcase_add_test(tc, test_lock_timeout_bounds_the_claim);
 	tcase_add_test(tc, test_lock_blocking_marks_holds_the_claim);
