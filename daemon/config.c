@@ -223,6 +223,7 @@ struct problem {
 
 /* What the loader saw of each key. */
 struct seen {
+	bool present;		/* the key was written, whatever its value */
 	bool given;		/* a valid, non-null value was set */
 	yaml_mark_t key_mark, val_mark;
 };
@@ -572,8 +573,10 @@ value_set(struct config *c, const struct key *k, const char *s, char *why,
 		return 0;
 	}
 	case T_LISTEN: {
-		char *host, herr[300];
+		char *host, *herr;
+		/* http_listen_check's message repeats the value first. */
 		size_t skip = strlen("http.listen ") + strlen(s) + 2;
+		size_t herrsz = skip + 300;
 		int port;
 
 		if (*s != '\0') {
@@ -585,12 +588,15 @@ value_set(struct config *c, const struct key *k, const char *s, char *why,
 			 * would refuse at start-up is refused here, so that
 			 * `outboxd check` never passes it (found by
 			 * tests/fuzz/fuzz_config). */
-			if (http_listen_check(s, herr, sizeof(herr)) != 0) {
+			herr = xmalloc(herrsz);
+			if (http_listen_check(s, herr, herrsz) != 0) {
 				strfmt(why, whysz, "%s, got %s",
 				    strlen(herr) > skip ? herr + skip : herr,
 				    q);
+				free(herr);
 				return -1;
 			}
+			free(herr);
 		}
 		cfg_string_set(f, s, false);
 		return 0;
@@ -785,6 +791,16 @@ key_set(struct loader *L, int ki, yaml_node_t *kn, yaml_node_t *vn)
 	const char *s;
 	bool ok;
 
+	/* The same key twice in one mapping is caught by walk(); this is
+	 * one written both flat and nested (log.level: and log: {level:}),
+	 * where the later would silently win. */
+	if (sn->present) {
+		problem(L, &kn->start_mark, "duplicate key \"%s\" (first at "
+		    "line %lu)", k->name,
+		    (unsigned long)sn->key_mark.line + 1);
+		return;
+	}
+	sn->present = true;
 	sn->key_mark = kn->start_mark;
 	sn->val_mark = vn->start_mark;
 	if (vn->type == YAML_SEQUENCE_NODE && k->type == T_NODES) {
@@ -971,14 +987,79 @@ section_mark(struct loader *L, const char *section)
 }
 
 /* Whether a conninfo may hold a password: a password keyword or
- * parameter, or a URI's user:password@. */
+ * parameter (sslpassword too, or a name %-encoded in a URI), or a URI's
+ * user:password@. */
 static bool
 conninfo_may_hold_password(const char *s)
 {
 	const char *at;
 
-	return strstr(s, "password") != NULL ||
+	return strstr(s, "password") != NULL || strchr(s, '%') != NULL ||
 	    conninfo_uri_password(s, &at) != NULL;
+}
+
+/* Whether every entry of a port list ("5432", "5432,5433", "" for the
+ * default) is a port number, as libpq will want at connect time. */
+static bool
+port_list_ok(const char *v)
+{
+	while (*v != '\0') {
+		size_t n = strcspn(v, ",");
+		long port = 0;
+		size_t i = 0;
+
+		while (i < n && v[i] == ' ')
+			i++;
+		if (i < n) {
+			for (; i < n && v[i] >= '0' && v[i] <= '9'; i++)
+				if ((port = port * 10 + (v[i] - '0')) > 65535)
+					return false;
+			while (i < n && v[i] == ' ')
+				i++;
+			if (i < n || port < 1)
+				return false;
+		}
+		v += n;
+		if (*v == ',')
+			v++;
+	}
+	return true;
+}
+
+/* Quotes the port only where it cannot be a piece of a password. */
+static void
+port_problem(struct loader *L, const yaml_mark_t *m, const char *ci,
+    const char *port)
+{
+	char q[ECHO_MAX * 4 + 8];
+
+	if (conninfo_may_hold_password(ci))
+		problem(L, m, "postgres.conninfo: the port must be a number "
+		    "from 1 to 65535, or a list of them (the value is not "
+		    "shown: it may be part of a password)");
+	else
+		problem(L, m, "postgres.conninfo: the port must be a number "
+		    "from 1 to 65535, or a list of them; got %s",
+		    config_echo(q, sizeof(q), port));
+}
+
+/*
+ * libpq takes a URI's user info only before the first "/" after "//".
+ * A password holding "/" (common in generated ones) therefore becomes
+ * host, port and database name: the connection fails later with the
+ * password's start in the message, and nothing in the text reads as a
+ * password to redact.  An "@" in the path is the tell.
+ */
+static bool
+uri_path_has_at(const char *s)
+{
+	const char *auth = strstr(s, "://") + 3;
+	const char *slash = strchr(auth, '/'), *q = strchr(auth, '?');
+
+	if (slash == NULL || (q != NULL && q < slash))
+		return false;
+	return memchr(slash, '@', q != NULL ? (size_t)(q - slash) :
+	    strlen(slash)) != NULL;
 }
 
 /*
@@ -1001,6 +1082,17 @@ conninfo_check(struct loader *L)
 		return;
 	opts = PQconninfoParse(ci, &err);
 	if (opts != NULL) {
+		if (conninfo_is_uri(ci) && uri_path_has_at(ci))
+			problem(L, m, "postgres.conninfo: an \"@\" after the "
+			    "first \"/\" of the URI: libpq reads the user "
+			    "and password only before that \"/\", so write "
+			    "\"/\" in them as %%2F and \"@\" as %%40");
+		else
+			for (PQconninfoOption *o = opts; o->keyword != NULL;
+			    o++)
+				if (strcmp(o->keyword, "port") == 0 &&
+				    o->val != NULL && !port_list_ok(o->val))
+					port_problem(L, m, ci, o->val);
 		PQconninfoFree(opts);
 		return;
 	}
@@ -1029,6 +1121,7 @@ static void
 cross_check(struct loader *L)
 {
 	struct broker_conf *b = &L->c->broker;
+	struct backoff_params rows_backoff;
 	const char *msg;
 	int ki;
 
@@ -1043,7 +1136,13 @@ cross_check(struct loader *L)
 		    "%s: needs rabbitmq.tls.%s too", cfg_keys[ki].name,
 		    cert ? "key_file" : "cert_file");
 	}
-	msg = backoff_params_check(&L->c->relay.backoff);
+	/* The rows bring the retry backoff's first delay (init_backoff):
+	 * the 10s fallback is no setting, so it is not checked against
+	 * backoff.max (random with max: 5s is fine for rows that start
+	 * below 5s; a row that does not gets its note and the cap). */
+	rows_backoff = L->c->relay.backoff;
+	rows_backoff.init_ms = rows_backoff.strategy == BACKOFF_RANDOM ? 0 : 1;
+	msg = backoff_params_check(&rows_backoff);
 	if (msg != NULL)
 		problem(L, section_mark(L, "backoff"), "backoff: %s", msg);
 	msg = backoff_params_check(&L->c->relay.reconnect);
@@ -1129,20 +1228,29 @@ load(struct config *c, const char *name, const char *yaml, size_t len,
 	} else {
 		walk(L, root, "");
 	}
-	if (!yaml_parser_load(&parser, &extra)) {
-		syntax_problem(L, &parser, yaml, len);
-	} else {
-		/* A trailing "---" with nothing after it is harmless. */
+	/* Every later document is read to the stream's end, so that none
+	 * is silently ignored; an empty one (a trailing "---") is
+	 * harmless. */
+	for (bool more = true, told = false; more;) {
+		if (!yaml_parser_load(&parser, &extra)) {
+			syntax_problem(L, &parser, yaml, len);
+			break;
+		}
 		root = yaml_document_get_root_node(&extra);
-		if (root != NULL && !is_null(root))
+		more = root != NULL;	/* no root: the stream ended */
+		if (more && !is_null(root) && !told) {
 			problem(L, &extra.start_mark, "only one YAML document "
 			    "is allowed");
+			told = true;
+		}
+		cfg_document_wipe(&extra);
 		yaml_document_delete(&extra);
 	}
 	cross_check(L);
-	cfg_document_wipe_secrets(&doc);
+	cfg_document_wipe(&doc);
 	yaml_document_delete(&doc);
 fail:
+	cfg_parser_wipe(&parser);
 	yaml_parser_delete(&parser);
 	if (L->n_probs > 0)
 		qsort(L->probs, L->n_probs, sizeof(*L->probs), problem_cmp);
@@ -1210,13 +1318,17 @@ config_load(struct config *c, const char *path, FILE *errs)
 		char *nbuf;
 		ssize_t r;
 
+		if (len > CONFIG_MAX_BYTES) {
+			problem_emit(path, 0, 0, "file is larger than 1 MiB",
+			    errs);
+			goto fail;
+		}
 		if (len == cap) {
-			if (cap >= CONFIG_MAX_BYTES) {
-				problem_emit(path, 0, 0, "file is larger than "
-				    "1 MiB", errs);
-				goto fail;
-			}
+			/* One byte past the limit tells a file of exactly
+			 * 1 MiB from a larger one. */
 			cap = cap ? cap * 2 : 8192;
+			if (cap > CONFIG_MAX_BYTES)
+				cap = CONFIG_MAX_BYTES + 1;
 			/* Grow by hand so the old copy, which may hold a
 			 * password, is wiped rather than left in free(). */
 			nbuf = xmalloc(cap);

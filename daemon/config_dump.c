@@ -32,12 +32,21 @@ escaped_write(FILE *out, const char *s, size_t n)
 /* What libpq's keyword form takes for white space (isspace in "C"). */
 #define CONNINFO_SPACE	" \t\n\r\v\f"
 
-/* Whether the n bytes at k, %-decoded as libpq decodes URI parameter
- * names, spell "password". */
+/* The conninfo keywords whose values libpq itself treats as secret
+ * (PQconndefaults marks them with dispchar "*"). */
 static bool
-uri_key_is_password(const char *k, size_t n)
+keyword_is_secret(const char *k, size_t n)
 {
-	static const char want[] = "password";
+	return (n == 8 && memcmp(k, "password", 8) == 0) ||
+	    (n == 11 && memcmp(k, "sslpassword", 11) == 0);
+}
+
+/* Whether the n bytes at k, %-decoded as libpq decodes URI parameter
+ * names, spell a secret keyword. */
+static bool
+uri_key_is_secret(const char *k, size_t n)
+{
+	char name[16];
 	size_t j = 0;
 
 	for (size_t i = 0; i < n; i++, j++) {
@@ -51,10 +60,11 @@ uri_key_is_password(const char *k, size_t n)
 			ch = (int)strtol(hex, NULL, 16);
 			i += 2;
 		}
-		if (j >= sizeof(want) - 1 || ch != want[j])
+		if (j >= sizeof(name))
 			return false;
+		name[j] = (char)ch;
 	}
-	return j == sizeof(want) - 1;
+	return keyword_is_secret(name, j);
 }
 
 bool
@@ -130,7 +140,7 @@ conninfo_dump(FILE *out, const char *s)
 			if (p == query && end > query)
 				fputc('/', out);
 			if (param && k[klen] == '=' &&
-			    uri_key_is_password(k, klen)) {
+			    uri_key_is_secret(k, klen)) {
 				escaped_write(out, p, klen + 2);
 				fputs("<set>", out);
 				p = k + klen + 1;
@@ -173,7 +183,7 @@ conninfo_dump(FILE *out, const char *s)
 					p++;
 		}
 		escaped_write(out, kw, (size_t)(v - kw));
-		if (kwlen == 8 && strncmp(kw, "password", 8) == 0) {
+		if (keyword_is_secret(kw, kwlen)) {
 			fputs("<set>", out);
 			/* A quoted value may be followed by the next keyword
 			 * with no space; the bare <set> needs one. */
@@ -206,6 +216,20 @@ hostport_dump(FILE *out, const char *host, int port)
 	else
 		strfmt(buf, sizeof(buf), "%s:%d", host, port);
 	string_dump(out, buf);
+}
+
+/* The shortest decimal that reads back as the same double: %g's six
+ * digits showed 1.0000001 as 1, not the value in effect. */
+static const char *
+float_fmt(char *buf, size_t n, double v)
+{
+	for (int digits = 6; digits < 17; digits++) {
+		snprintf(buf, n, "%.*g", digits, v);
+		if (strtod(buf, NULL) == v)
+			return buf;
+	}
+	snprintf(buf, n, "%.17g", v);
+	return buf;
 }
 
 static const char *
@@ -261,7 +285,8 @@ config_dump(const struct config *c, FILE *out)
 			    (int64_t)*(const size_t *)f), out);
 			break;
 		case T_FLOAT:
-			fprintf(out, "%g", *(const double *)f);
+			fputs(float_fmt(buf, sizeof(buf), *(const double *)f),
+			    out);
 			break;
 		case T_ENUM:
 			fputs(enum_name_of(k, enum_get(c, k)), out);

@@ -95,8 +95,10 @@ void cfg_string_set(char **dst, const char *s, bool secret);
  * NULL, with the reason in why (never naming the file), when the file
  * cannot be trusted or read. */
 char *cfg_secret_file_read(const char *path, char *why, size_t whysz);
-/* Zeroes libyaml's copy of every password value before it is freed. */
-void cfg_document_wipe_secrets(yaml_document_t *doc);
+/* Zero libyaml's copies of the file (every scalar of a document, the
+ * parser's buffers) before they are freed: they hold its passwords. */
+void cfg_document_wipe(yaml_document_t *doc);
+void cfg_parser_wipe(yaml_parser_t *parser);
 
 /* Whether a conninfo is libpq's URI form. */
 bool conninfo_is_uri(const char *s);

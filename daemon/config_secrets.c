@@ -89,25 +89,29 @@ fail:
 	return secret;
 }
 
-/* libyaml keeps scalars in the document; wipe every password value in it
- * before the memory goes back to malloc. */
+/* libyaml keeps every scalar in the document.  A password may sit under
+ * any key (postgres.password, a flat "postgres.password:", inside
+ * postgres.conninfo), so every scalar is wiped before the memory goes
+ * back to malloc: the document is deleted next anyway. */
 void
-cfg_document_wipe_secrets(yaml_document_t *doc)
+cfg_document_wipe(yaml_document_t *doc)
 {
-	for (yaml_node_t *n = doc->nodes.start; n < doc->nodes.top; n++) {
-		if (n->type != YAML_MAPPING_NODE)
-			continue;
-		for (yaml_node_pair_t *p = n->data.mapping.pairs.start;
-		    p < n->data.mapping.pairs.top; p++) {
-			yaml_node_t *k = yaml_document_get_node(doc, p->key);
-			yaml_node_t *v = yaml_document_get_node(doc, p->value);
+	for (yaml_node_t *n = doc->nodes.start; n < doc->nodes.top; n++)
+		if (n->type == YAML_SCALAR_NODE)
+			explicit_bzero(n->data.scalar.value,
+			    n->data.scalar.length);
+}
 
-			if (k->type == YAML_SCALAR_NODE &&
-			    v->type == YAML_SCALAR_NODE &&
-			    strcmp((char *)k->data.scalar.value,
-			    "password") == 0)
-				explicit_bzero(v->data.scalar.value,
-				    v->data.scalar.length);
-		}
-	}
+/* The parser's input buffers hold the file's text, passwords included,
+ * and yaml_parser_delete frees them as they are. */
+void
+cfg_parser_wipe(yaml_parser_t *parser)
+{
+	if (parser->raw_buffer.start != NULL)
+		explicit_bzero(parser->raw_buffer.start,
+		    (size_t)(parser->raw_buffer.end -
+		    parser->raw_buffer.start));
+	if (parser->buffer.start != NULL)
+		explicit_bzero(parser->buffer.start,
+		    (size_t)(parser->buffer.end - parser->buffer.start));
 }

@@ -5,7 +5,8 @@
  *  - a loaded http.listen is one the HTTP endpoint will bind
  *    (otherwise `outboxd check` says OK and the daemon fails at start);
  *  - a dump never shows a password: the secret keys read <set>/<unset>,
- *    and libpq finds no password in the dumped postgres.conninfo.
+ *    and libpq finds no password (nor sslpassword) in the dumped
+ *    postgres.conninfo.
  * The config sources are compiled with -Dopen=fuzz_open: only files under
  * fuzz-secrets/ can be opened, and they are looked up in a temporary
  * directory made here, so no input can make the fuzzer read a FIFO, a
@@ -195,10 +196,12 @@ check_dump(const struct config *c)
 	opts = PQconninfoParse(info, NULL);
 	for (PQconninfoOption *o = opts; o != NULL && o->keyword != NULL;
 	    o++)
-		if (strcmp(o->keyword, "password") == 0 && o->val != NULL)
+		/* dispchar "*": libpq's own mark of a secret (password,
+		 * sslpassword). */
+		if (o->dispchar[0] == '*' && o->val != NULL)
 			FUZZ_CHECK(strcmp(o->val, "<set>") == 0,
-			    "password \"%s\" in the dumped conninfo %s", o->val,
-			    info);
+			    "%s \"%s\" in the dumped conninfo %s", o->keyword,
+			    o->val, info);
 	PQconninfoFree(opts);
 	free(info);
 	free(dump);

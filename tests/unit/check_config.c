@@ -21,6 +21,9 @@
 
 /* A password no output may ever contain. */
 #define SECRET "s3cr3t-Hunter2-do-not-print"
+#define CONNINFO_AT_IN_PATH "postgres.conninfo: an \"@\" after the " \
+	"first \"/\" of the URI: libpq reads the user and password only " \
+	"before that \"/\", so write \"/\" in them as %2F and \"@\" as %40"
 #define CONNINFO_HIDDEN "postgres.conninfo: libpq cannot parse it (its " \
 	"message is not shown: it may quote the password); a value with " \
 	"spaces or quotes goes in single quotes, with \\' and \\\\ inside"
@@ -421,6 +424,26 @@ static const struct value_case {
 	    "!" CONNINFO_HIDDEN },
 	{ "postgres.conninfo", "\"postgresql://u:" SECRET "@h?junk\"",
 	    "!" CONNINFO_HIDDEN },
+	/* A "/" in a URI's password ends libpq's user info: the password
+	 * would read as host, port and database, unredacted. */
+	{ "postgres.conninfo", "\"postgresql://app:Xy7/" SECRET "@db:5432/x\"",
+	    "!" CONNINFO_AT_IN_PATH },
+	{ "postgres.conninfo", "\"postgresql://app:123/" SECRET "@db/x\"",
+	    "!" CONNINFO_AT_IN_PATH },
+	{ "postgres.conninfo", "\"postgresql://a&password=q/&u:pw@c\"",
+	    "!" CONNINFO_AT_IN_PATH },
+	{ "postgres.conninfo", "\"postgresql://db/x%40y?user=a@b\"",
+	    "postgres.conninfo: \"postgresql://db/x%40y?user=a@b\"" },
+	/* A port libpq would refuse at connect time fails at load. */
+	{ "postgres.conninfo", "\"host=db port=abc\"", "!postgres.conninfo: "
+	    "the port must be a number from 1 to 65535, or a list of them; "
+	    "got \"abc\"" },
+	{ "postgres.conninfo", "\"host=db port=70000 password=" SECRET "\"",
+	    "!postgres.conninfo: the port must be a number from 1 to 65535, "
+	    "or a list of them (the value is not shown: it may be part of a "
+	    "password)" },
+	{ "postgres.conninfo", "\"host=a,b,c port=5432,,5433\"",
+	    "postgres.conninfo: \"host=a,b,c port=5432,,5433\"" },
 	/* int */
 	{ "relay.workers", "16", "relay.workers: 16" },
 	{ "relay.workers", "0", "!relay.workers: must be between 1 and 16, "
@@ -526,6 +549,10 @@ static const struct value_case {
 	{ "backoff.jitter_factor", "0x1p-1", "!backoff.jitter_factor: "
 	    "expected a number, got \"0x1p-1\"" },
 	{ "reconnect.factor", "1.5", "reconnect.factor: 1.5" },
+	/* Every digit that counts: %g once showed this as 1. */
+	{ "reconnect.factor", "1.0000001", "reconnect.factor: 1.0000001" },
+	{ "backoff.jitter_factor", "0.1234567",
+	    "backoff.jitter_factor: 0.1234567" },
 	{ "reconnect.factor", "101", "!reconnect.factor: must be between 1 "
 	    "and 100, got 101" },
 	/* list of host:port */
@@ -668,6 +695,61 @@ START_TEST(test_backoff_names_agree)
 		ck_assert_int_eq(r.c.relay.backoff.jitter, j);
 		result_free(&r);
 	}
+}
+END_TEST
+
+/* The retry backoff's first delay is each row's init_backoff, not the
+ * 10s fallback: random with a cap under 10s is a valid setting.  The
+ * reconnect backoff's init is a key, and is checked. */
+START_TEST(test_random_backoff_cap)
+{
+	struct result r;
+
+	assert_loads("backoff:\n  strategy: random\n  max: 5s\n", &r);
+	ck_assert_int_eq(r.c.relay.backoff.strategy, BACKOFF_RANDOM);
+	ck_assert_int_eq(r.c.relay.backoff.max_ms, 5000);
+	result_free(&r);
+	assert_errors("reconnect:\n  strategy: random\n  init: 10s\n"
+	    "  max: 10s\n", "t.yml:2:3: reconnect: random needs the minimum "
+	    "(initial delay) below the maximum\n");
+}
+END_TEST
+
+/* A file of exactly the 1 MiB limit loads; one byte more does not. */
+START_TEST(test_file_size_limit)
+{
+	char path[] = "/tmp/outboxd-check-config-XXXXXX";
+	char *got = NULL;
+	size_t len = 0, n = 1024 * 1024;
+	char *buf = malloc(n + 1);
+	struct config c;
+	FILE *f;
+	int fd;
+
+	ck_assert_ptr_nonnull(buf);
+	/* A comment line padded to the limit: every default. */
+	memset(buf, ' ', n + 1);
+	buf[0] = '#';
+	buf[n - 1] = '\n';
+	fd = mkstemp(path);
+	ck_assert_int_ne(fd, -1);
+	ck_assert_int_eq(write(fd, buf, n), (ssize_t)n);
+	config_defaults(&c);
+	f = open_memstream(&got, &len);
+	ck_assert_int_eq(config_load(&c, path, f), 0);
+	fclose(f);
+	ck_assert_str_eq(got, "");
+	free(got);
+	ck_assert_int_eq(write(fd, "\n", 1), 1);
+	f = open_memstream(&got, &len);
+	ck_assert_int_eq(config_load(&c, path, f), -1);
+	fclose(f);
+	ck_assert_ptr_nonnull(strstr(got, "file is larger than 1 MiB"));
+	free(got);
+	config_free(&c);
+	close(fd);
+	unlink(path);
+	free(buf);
 }
 END_TEST
 
@@ -970,10 +1052,12 @@ static const struct conninfo_case {
 	{ "postgresql://u@db1,db2/x?target_session_attrs=read-write",
 	    "postgresql://u@db1,db2/x?target_session_attrs=read-write" },
 	{ "host=db passfile=/x", "host=db passfile=/x" },
-	/* No "?": "&password=" is no parameter, and the "/" before the "@"
-	 * means no user info either (found by fuzz_config). */
-	{ "postgresql://a&password=q/&u:pw@c",
-	    "postgresql://a&password=q/&u:pw@c" },
+	/* libpq treats sslpassword, the client key's passphrase, as a
+	 * password too. */
+	{ "host=db sslpassword=" SECRET " sslkey=/k",
+	    "host=db sslpassword=<set> sslkey=/k" },
+	{ "postgresql://db/x?ssl%70assword=" SECRET "&sslmode=require",
+	    "postgresql://db/x?ssl%70assword=<set>&sslmode=require" },
 	/* The "/" that ended libpq's search for user info was inside the
 	 * redacted value: one goes before the "?" instead. */
 	{ "postgresql://?password=q/&user=a@c",
@@ -1447,6 +1531,8 @@ main(void)
 	    (int)(sizeof(value_cases) / sizeof(value_cases[0])));
 	tcase_add_test(tc, test_value_parsers);
 	tcase_add_test(tc, test_backoff_names_agree);
+	tcase_add_test(tc, test_random_backoff_cap);
+	tcase_add_test(tc, test_file_size_limit);
 	tcase_add_test(tc, test_nodes_limit);
 	tcase_add_test(tc, test_value_echo_is_escaped_and_cut);
 	tcase_add_test(tc, test_errors_logged_without_stream);
