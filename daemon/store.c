@@ -912,15 +912,32 @@ buf_add_int(struct store *s, int64_t v)
 	buf_add(s, num, (size_t)n);
 }
 
-/* Appends a quoted array element, escaping what array syntax needs. */
+/*
+ * Appends a quoted array element, escaping what array syntax needs.  The
+ * text is the broker's or a row's words, cut at a byte count: a bad byte
+ * becomes "?", because PostgreSQL refuses invalid UTF-8 and that would
+ * fail the whole batch's marks, every time it is claimed again.
+ */
 static void
 buf_add_quoted(struct store *s, const char *str)
 {
+	const unsigned char *p = (const unsigned char *)str;
+	size_t left = strlen(str);
+
 	buf_add(s, "\"", 1);
-	for (const char *p = str; *p != '\0'; p++) {
-		if (*p == '"' || *p == '\\')
-			buf_add(s, "\\", 1);
-		buf_add(s, p, 1);
+	while (left > 0) {
+		size_t len = utf8_seq_len(p, left);
+
+		if (len == 0) {
+			buf_add(s, "?", 1);
+			len = 1;
+		} else {
+			if (*p == '"' || *p == '\\')
+				buf_add(s, "\\", 1);
+			buf_add(s, (const char *)p, len);
+		}
+		p += len;
+		left -= len;
 	}
 	buf_add(s, "\"", 1);
 }

@@ -191,3 +191,38 @@ int64_parse(const char *s, size_t len, int64_t *out)
 	*out = strtoll(buf, &end, 10);
 	return errno == 0 && *end == '\0';
 }
+
+size_t
+utf8_seq_len(const unsigned char *s, size_t n)
+{
+	size_t len;
+	unsigned char lo = 0x80, hi = 0xbf;	/* the second byte's range */
+
+	if (n == 0)
+		return 0;
+	if (s[0] < 0x80)
+		return 1;
+	if (s[0] >= 0xc2 && s[0] <= 0xdf)
+		len = 2;
+	else if (s[0] >= 0xe0 && s[0] <= 0xef) {
+		len = 3;
+		if (s[0] == 0xe0)
+			lo = 0xa0;	/* overlong */
+		else if (s[0] == 0xed)
+			hi = 0x9f;	/* UTF-16 surrogates */
+	} else if (s[0] >= 0xf0 && s[0] <= 0xf4) {
+		len = 4;
+		if (s[0] == 0xf0)
+			lo = 0x90;	/* overlong */
+		else if (s[0] == 0xf4)
+			hi = 0x8f;	/* past U+10FFFF */
+	} else {
+		return 0;	/* a continuation byte, 0xc0, 0xc1, 0xf5+ */
+	}
+	if (n < len || s[1] < lo || s[1] > hi)
+		return 0;
+	for (size_t i = 2; i < len; i++)
+		if (s[i] < 0x80 || s[i] > 0xbf)
+			return 0;
+	return len;
+}

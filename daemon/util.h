@@ -37,6 +37,12 @@ char *strfmt(char *buf, size_t size, const char *fmt, ...)
  * that outside text stays on one line; returns s. */
 char *str_replace_controls(char *s, char with);
 
+/* The length (1-4) of the well-formed UTF-8 sequence at s[0..n), or 0
+ * when s starts with a byte that no valid text has there (a stray
+ * continuation byte, an overlong form, a surrogate, a sequence cut
+ * short, as when outside text is cut at a byte count). */
+size_t utf8_seq_len(const unsigned char *s, size_t n);
+
 /* Sleeps for ms milliseconds, restarting after signals unless
  * *stop becomes non-zero (stop may be NULL). */
 void sleep_ms(int64_t ms, volatile int *stop);

@@ -540,6 +540,33 @@ START_TEST(test_non_utf8_content)
 END_TEST
 
 /*
+ * The broker's words about a row, cut at a byte count in the middle of a
+ * character (RabbitMQ cuts its close text, outboxd its return text):
+ * stored with the bad bytes as "?".  PostgreSQL refused them once, and
+ * with them every mark of the batch, each time the row came round again.
+ */
+START_TEST(test_broker_text_cut_mid_character)
+{
+	char err[1024];
+	pid_t pid;
+
+	pid = start_with(BASE_YAML,
+	    "SELECT outbox_enqueue(repeat(chr(233), 120), 'k', 'x', "
+	    " business_key => 'accented-exchange', init_backoff => '1 hour');"
+	    "SELECT outbox_enqueue('', repeat(chr(36335), 80), 'x', "
+	    " business_key => 'cjk-route', init_backoff => '1 hour')");
+	assert_row("accented-exchange", 2, 1, "NOT_FOUND");
+	assert_row("cjk-route", 2, 1, "NO_ROUTE");
+	/* The text kept its whole characters. */
+	last_error("cjk-route", err, sizeof(err));
+	ck_assert_msg(strstr(err, "\xe8\xb7\xaf\xe8\xb7\xaf") != NULL,
+	    "last_error: %s", err);
+	assert_good_delivered();
+	assert_still_serving(pid);
+}
+END_TEST
+
+/*
  * Everything at once, in the same batches as 100 good rows: the bad rows
  * do not disturb one another either.  max_payload 6 MiB puts the 5 MiB
  * row over the broker's limit and the 7 MiB one over ours.
@@ -618,6 +645,7 @@ main(void)
 	tcase_add_test(tc, test_null_next_schedule_time);
 	tcase_add_test(tc, test_headers_not_an_object);
 	tcase_add_test(tc, test_non_utf8_content);
+	tcase_add_test(tc, test_broker_text_cut_mid_character);
 	tcase_add_test(tc, test_all_bad_rows_at_once);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);

@@ -100,6 +100,39 @@ START_TEST(test_str_replace_controls)
 }
 END_TEST
 
+/* Well-formed UTF-8 and the ways text is not: what PostgreSQL refuses. */
+START_TEST(test_utf8_seq_len)
+{
+	static const struct {
+		const char *s;
+		size_t n, want;
+	} cases[] = {
+		{ "a", 1, 1 },
+		{ "\xc3\xa9", 2, 2 },			/* é */
+		{ "\xe8\xb7\xaf", 3, 3 },		/* 路 */
+		{ "\xf0\x9f\x98\x80", 4, 4 },	/* U+1F600 */
+		{ "\xf4\x8f\xbf\xbf", 4, 4 },	/* U+10FFFF */
+		{ "\xc3", 1, 0 },			/* cut short */
+		{ "\xe8\xb7", 2, 0 },
+		{ "\xa9", 1, 0 },			/* stray continuation */
+		{ "\xc0\xaf", 2, 0 },			/* overlong "/" */
+		{ "\xe0\x80\xaf", 3, 0 },
+		{ "\xf0\x80\x80\xaf", 4, 0 },
+		{ "\xed\xa0\x80", 3, 0 },		/* surrogate */
+		{ "\xf4\x90\x80\x80", 4, 0 },	/* past U+10FFFF */
+		{ "\xf5\x80\x80\x80", 4, 0 },
+		{ "\xff", 1, 0 },
+		{ "\xc3\x28", 2, 0 },			/* bad continuation */
+		{ "\xe8\xb7\x28", 3, 0 },
+		{ "", 0, 0 },
+	};
+
+	for (size_t i = 0; i < ARRAY_LEN(cases); i++)
+		ck_assert_msg(utf8_seq_len((const unsigned char *)cases[i].s,
+		    cases[i].n) == cases[i].want, "case %zu", i);
+}
+END_TEST
+
 START_TEST(test_log_level_parse)
 {
 	enum log_level l;
@@ -126,6 +159,7 @@ main(void)
 	tcase_add_test(tc, test_log_quote);
 	tcase_add_test(tc, test_log_level_parse);
 	tcase_add_test(tc, test_str_replace_controls);
+	tcase_add_test(tc, test_utf8_seq_len);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
