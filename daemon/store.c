@@ -123,7 +123,7 @@ struct store {
 	PGresult *claimed;	/* the open batch's rows, or NULL */
 	bool in_transaction;
 	bool leader_lock_held;	/* session advisory lock, see below */
-	bool prepared;		/* this session's statements are ready */
+	size_t n_prepared;	/* this session's statements made so far */
 	bool last_claim_full;	/* a backlog: plan the next claim afresh */
 	char error[512];
 	/* Reused across batches so a steady flow allocates nothing. */
@@ -210,7 +210,7 @@ store_disconnect(struct store *s)
 	}
 	s->in_transaction = false;
 	s->leader_lock_held = false;
-	s->prepared = false;
+	s->n_prepared = 0;
 	s->last_claim_full = false;
 }
 
@@ -348,23 +348,34 @@ fail:
 	return -1;
 }
 
+static const struct statement {
+	const char *name, *sql;
+	int nparams;
+} statements[] = {
+	{ "claim_all", claim_all_sql, 2 },
+	{ "claim_new", claim_new_sql, 2 },
+	{ "mark_success", mark_success_sql, 1 },
+	{ "mark_failed", mark_failed_sql, 4 },
+	{ "next_due_all", next_due_all_sql, 0 },
+	{ "next_due_new", next_due_new_sql, 0 },
+};
+
 /*
  * Prepares the relay's statements once per session, on first use: at
- * connect time the schema may not exist yet (`outboxd migrate`).
+ * connect time the schema may not exist yet (`outboxd migrate`).  One
+ * can fail after others succeeded (an UPDATE needs a lock that a
+ * CREATE INDEX holds past lock_timeout): the next call goes on from
+ * there, where starting over failed on "already exists" for good.
  */
 static int
 ensure_prepared(struct store *s)
 {
-	if (s->prepared)
-		return 0;
-	if (prepare(s, "claim_all", claim_all_sql, 2) == -1 ||
-	    prepare(s, "claim_new", claim_new_sql, 2) == -1 ||
-	    prepare(s, "mark_success", mark_success_sql, 1) == -1 ||
-	    prepare(s, "mark_failed", mark_failed_sql, 4) == -1 ||
-	    prepare(s, "next_due_all", next_due_all_sql, 0) == -1 ||
-	    prepare(s, "next_due_new", next_due_new_sql, 0) == -1)
-		return -1;
-	s->prepared = true;
+	for (; s->n_prepared < ARRAY_LEN(statements); s->n_prepared++) {
+		const struct statement *st = &statements[s->n_prepared];
+
+		if (prepare(s, st->name, st->sql, st->nparams) == -1)
+			return -1;
+	}
 	return 0;
 }
 

@@ -862,6 +862,39 @@ START_TEST(test_lock_blocking_marks_holds_the_claim)
 END_TEST
 
 /*
+ * A session's statements are prepared on first use.  Under a SHARE lock
+ * (CREATE INDEX) the claims prepare but an UPDATE cannot: the next try
+ * must go on from there.  Starting over failed on "prepared statement
+ * already exists" for as long as the session lived, so nothing was
+ * relayed after the lock went.
+ */
+START_TEST(test_prepare_cut_short_by_a_lock)
+{
+	char yaml[512], *log;
+	PGconn *locker;
+	pid_t pid;
+
+	locker = tl_pg();
+	tl_sql(locker, "BEGIN");
+	tl_sql(locker, "LOCK TABLE t_transactional_message IN SHARE MODE");
+	snprintf(yaml, sizeof(yaml), "redis.key: \"dmn:leader:prepare\"\n"
+	    "relay.poll_interval: 200ms\npostgres.lock_timeout: 300ms\n");
+	pid = start_with_queue("dmn.prepare", yaml);
+	log = log_of(pid);
+	ck_assert_msg(wait_log(log, "canceling statement due to lock "
+	    "timeout", 2, 20000), "log %s", log);
+	tl_sql(locker, "COMMIT");
+	PQfinish(locker);
+	tl_sql(db, "SELECT outbox_enqueue('', 'dmn.prepare', 'x')");
+	ck_assert_int_eq(tl_wait_sql_int(db, 1, 30000, COUNT_STATUS(1)
+	    " AND routing_key = 'dmn.prepare'"), 1);
+	ck_assert_int_eq(log_count(log, "already exists"), 0);
+	ck_assert_int_eq(tl_outboxd_stop(pid, 25000), 0);
+	free(log);
+}
+END_TEST
+
+/*
  * A mark that fails on a live session (here a trigger refuses it; in
  * life a full disk, a missing privilege) rolls its batch back, so the
  * batch is published again.  It must be paced like a reconnect, not
@@ -2098,6 +2131,7 @@ main(void)
 	tcase_add_test(tc, test_systemd_notifications);
 	tcase_add_test(tc, test_health_reports_a_stall);
 	tcase_add_test(tc, test_lock_timeout_bounds_the_claim);
+	tcase_add_test(tc, test_prepare_cut_short_by_a_lock);
 	tcase_add_test(tc, test_lock_blocking_marks_holds_the_claim);
 	tcase_add_test(tc, test_failing_marks_are_paced);
 	tcase_add_test(tc, test_memory_alarm_holds_the_relay);
