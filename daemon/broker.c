@@ -350,7 +350,7 @@ tcp_connect(const char *host, int port, int64_t timeout_ms, char *err,
 {
 	struct addrinfo hints, *res, *ai;
 	char service[16];
-	int64_t deadline = now_mono_ms() + timeout_ms;
+	int64_t deadline = now_mono_ms() + timeout_ms, left;
 	int fd = -1, rc;
 
 	memset(&hints, 0, sizeof(hints));
@@ -362,8 +362,18 @@ tcp_connect(const char *host, int port, int64_t timeout_ms, char *err,
 		strfmt(err, size, "cannot resolve: %s", gai_strerror(rc));
 		return -1;
 	}
-	for (ai = res; ai != NULL && fd == -1; ai = ai->ai_next)
-		fd = tcp_try(ai, deadline, err, size);
+	/* Each address gets an equal share of what is left, so that one
+	 * that drops SYNs (a firewalled IPv6, a dead member of a
+	 * round-robin name) cannot use up the whole timeout: the later
+	 * addresses got no time at all and the node was never reached. */
+	for (ai = res, left = 0; ai != NULL; ai = ai->ai_next)
+		left++;
+	for (ai = res; ai != NULL && fd == -1; ai = ai->ai_next, left--) {
+		int64_t now = now_mono_ms();
+		int64_t share = deadline > now ? (deadline - now) / left : 0;
+
+		fd = tcp_try(ai, now + share, err, size);
+	}
 	freeaddrinfo(res);
 	return fd;
 }

@@ -560,17 +560,21 @@ pump(struct batch *bt, bool block)
 	amqp_frame_t f;
 	int st, rc;
 
-	if (left <= 0 && b->blocked_since_ms != 0)
-		return PUMP_BLOCKED;
-	if (left <= 0)
-		return bk_conn_lost(b, "%zu confirms missing after %" PRId64
-		    " ms", b->win.outstanding, bk_confirm_ms(b));
 	/* Frames already inside the library (read ahead, or stashed by an
-	 * RPC) never wake poll(): take them without waiting. */
-	if (block && !amqp_frames_enqueued(b->conn) &&
+	 * RPC) never wake poll(): take them without waiting.  Past the
+	 * deadline, what has arrived still counts: a pipelined relay can
+	 * come back late (its next claim and last marks took a slow
+	 * database that long) to every ack waiting in the socket. */
+	if (block && left > 0 && !amqp_frames_enqueued(b->conn) &&
 	    !amqp_data_in_buffer(b->conn))
 		tv = bk_ms_to_tv(left);
 	st = amqp_simple_wait_frame_noblock(b->conn, &f, &tv);
+	if (st == AMQP_STATUS_TIMEOUT && left <= 0) {
+		if (b->blocked_since_ms != 0)
+			return PUMP_BLOCKED;
+		return bk_conn_lost(b, "%zu confirms missing after %" PRId64
+		    " ms", b->win.outstanding, bk_confirm_ms(b));
+	}
 	if (st == AMQP_STATUS_TIMEOUT)
 		return block ? 0 : 1;
 	if (st != AMQP_STATUS_OK)

@@ -1,9 +1,15 @@
 /*
  * Leader election and compensation.  Redis decides who leads; when it is
  * unreachable (or not configured), a PostgreSQL advisory lock does, so
- * compensation never stops silently.  Nothing here is needed for
- * correctness: every query is safe to run twice, and row claims are
- * guarded by FOR UPDATE SKIP LOCKED whoever leads.
+ * compensation never stops silently.  The Redis leader holds the
+ * advisory lock too, on its store session, and leads only while it
+ * does: an instance that cannot reach Redis (a wrong password, a
+ * partition) would otherwise take the advisory lock and lead beside the
+ * Redis leader for as long as that lasted, and a Redis leader stuck in
+ * a long step would lead on beside whoever took its expired key.
+ * Nothing here is needed for correctness: every query is safe to run
+ * twice, and row claims are guarded by FOR UPDATE SKIP LOCKED whoever
+ * leads.
  */
 #include "leader.h"
 
@@ -31,6 +37,7 @@ struct leader {
 	enum leader_backend backend;	/* of the leadership held */
 	enum leader_backend election;	/* what this instance elects with */
 	bool redis_was_up;
+	bool fenced;		/* Redis key held, advisory lock not */
 	int64_t next_compensation_ms;
 	int64_t next_purge_ms;
 	struct leader_gauges gauges;
@@ -104,6 +111,7 @@ seek_postgres_leadership(struct leader *l)
 {
 	bool held = false;
 
+	l->fenced = false;
 	l->election = store_connected(l->store) ? LEADER_BACKEND_POSTGRES :
 	    LEADER_BACKEND_NONE;
 	/* The relay keeps the session up, also in single-active standby. */
@@ -114,6 +122,31 @@ seek_postgres_leadership(struct leader *l)
 		held = false;
 	}
 	set_leader(l, held, LEADER_BACKEND_POSTGRES);
+}
+
+/* Whether the holder of the Redis key also holds the advisory lock,
+ * which it needs to lead (see the top of this file). */
+static bool
+advisory_lock_too(struct leader *l)
+{
+	bool held = false;
+
+	if (!store_connected(l->store))
+		return false;	/* no session: no leader work either */
+	if (store_try_leader_lock(l->store, &held) == -1) {
+		log_warn("advisory lock failed", "error=%s",
+		    log_quote((char[600]){ 0 }, 600, store_error(l->store)));
+		return false;
+	}
+	if (!held && !l->fenced)
+		log_warn("leader lock held, but another instance holds the "
+		    "postgres advisory lock: not leading until it lets go",
+		    "hint=\"an instance that cannot reach redis leads through "
+		    "postgres; pg_locks shows its pid\"");
+	else if (held && l->fenced)
+		log_info("postgres advisory lock acquired", NULL);
+	l->fenced = !held;
+	return held;
 }
 
 static void
@@ -141,10 +174,15 @@ update_leadership(struct leader *l)
 		    NULL);
 	l->redis_was_up = true;
 	l->election = LEADER_BACKEND_REDIS;
-	/* Redis answers again: the advisory lock goes, so that Redis alone
-	 * decides and the two cannot disagree for long. */
-	store_release_leader_lock(l->store);
-	set_leader(l, st == LOCK_HELD, LEADER_BACKEND_REDIS);
+	if (st != LOCK_HELD) {
+		/* Redis answers and another holds the key: the advisory
+		 * lock goes, for the key's holder to take. */
+		store_release_leader_lock(l->store);
+		l->fenced = false;
+		set_leader(l, false, LEADER_BACKEND_REDIS);
+		return;
+	}
+	set_leader(l, advisory_lock_too(l), LEADER_BACKEND_REDIS);
 }
 
 int64_t

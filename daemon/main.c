@@ -6,6 +6,7 @@
 #include <getopt.h>
 #include <inttypes.h>
 #include <stdbool.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -146,7 +147,7 @@ stall_limit(const struct config *cfg)
 }
 
 static void
-reload(struct daemon *d)
+reload(struct daemon *d, bool ready)
 {
 	struct config *cfg = d->cfg;
 	struct config fresh;
@@ -155,7 +156,7 @@ reload(struct daemon *d)
 	config_defaults(&fresh);
 	if (config_load(&fresh, cfg->path, NULL) == -1) {
 		log_error("reload failed, keeping the old config",
-		    "path=%s", cfg->path);
+		    "path=%s", log_quote((char[600]){ 0 }, 600, cfg->path));
 	} else {
 		/* Keys that need a restart keep their old values. */
 		(void)config_reload_check(cfg, &fresh, NULL);
@@ -166,10 +167,14 @@ reload(struct daemon *d)
 		relay_set_conf(d->relay, &cfg->relay);
 		workers_set_conf(d->workers, &cfg->relay);
 		leader_set_conf(d->leader, &cfg->relay);
-		log_info("config reloaded", "path=%s", cfg->path);
+		log_info("config reloaded", "path=%s",
+		    log_quote((char[600]){ 0 }, 600, cfg->path));
 	}
 	config_free(&fresh);
-	sd_notify(0, "READY=1");
+	/* Not ready yet (the servers have not answered): READY=1 comes
+	 * when they do, and would tell systemd the start is done now. */
+	if (ready)
+		sd_notify(0, "READY=1");
 }
 
 /* Publishes connection, leader and row state to metrics and health. */
@@ -194,7 +199,12 @@ report_state(struct daemon *d)
 	    (unsigned)d->cfg->relay.workers);
 	metrics_set_leader(leader_is_leader(d->leader),
 	    (enum metrics_backend)leader_backend(d->leader));
-	if (leader_is_leader(d->leader) && g->valid)
+	/* Only the leader counts rows.  An instance that stopped leading
+	 * shows 0, not its last count: alerts take max() over instances,
+	 * and a frozen count fired them long after a replay. */
+	if (!leader_is_leader(d->leader))
+		metrics_set_rows(0, 0, 0, 0);
+	else if (g->valid)
 		metrics_set_rows((uint64_t)g->counts.pending,
 		    (uint64_t)g->counts.due, (uint64_t)g->counts.dead,
 		    g->counts.oldest_due_age_s);
@@ -245,21 +255,34 @@ run_daemon(struct config *cfg)
 	char err[256];
 	uint64_t watchdog_us = 0;
 	struct relay_stats totals;
+	sigset_t main_only, mask;
 	bool ready = false;
 
 	metrics_init(OUTBOXD_VERSION);
 	d.stall_limit_ms = stall_limit(cfg);
 	metrics_set_stall_limit(d.stall_limit_ms);
+	/* The endpoint's thread inherits this mask: with SIGTERM and SIGHUP
+	 * blocked there, they reach the main thread, whose poll() they cut
+	 * short (on the HTTP thread they waited for its next wake-up). */
+	sigemptyset(&main_only);
+	sigaddset(&main_only, SIGTERM);
+	sigaddset(&main_only, SIGINT);
+	sigaddset(&main_only, SIGHUP);
+	pthread_sigmask(SIG_BLOCK, &main_only, &mask);
 	d.http = http_start(&cfg->http, err, sizeof(err));
+	pthread_sigmask(SIG_SETMASK, &mask, NULL);
 	if (d.http == NULL) {
 		log_error("cannot start the http endpoint", "error=%s",
 		    log_quote((char[300]){ 0 }, 300, err));
 		return 1;
 	}
 	/* A batch's transaction idles while its confirms are awaited: give
-	 * it that long and a margin before the server may end it. */
+	 * it that long and a margin before the server may end it.  A
+	 * pipelined relay claims the next batch while the current one is
+	 * awaited, and marks it after its own wait: two waits. */
 	cfg->store.idle_in_transaction_timeout_ms =
-	    cfg->broker.confirm_timeout_ms + 30000;
+	    cfg->broker.confirm_timeout_ms * (cfg->relay.pipeline ? 2 : 1) +
+	    30000;
 	/* Plans that hold up whatever the statistics say (store.c). */
 	cfg->store.index_plans = true;
 	d.store = store_new(&cfg->store);
@@ -287,12 +310,13 @@ run_daemon(struct config *cfg)
 	if (sd_watchdog_enabled(0, &watchdog_us) <= 0)
 		watchdog_us = 0;
 	log_info("outboxd starting", "version=%s config=%s mode=%s "
-	    "workers=%d", OUTBOXD_VERSION, cfg->path, cfg->relay.mode ==
+	    "workers=%d", OUTBOXD_VERSION,
+	    log_quote((char[600]){ 0 }, 600, cfg->path), cfg->relay.mode ==
 	    RELAY_PARALLEL ? "parallel" : "single-active", cfg->relay.workers);
 	while (!stop_requested) {
 		if (reload_requested) {
 			reload_requested = 0;
-			reload(&d);
+			reload(&d, ready);
 		}
 		/* Wake at least twice per watchdog period. */
 		daemon_step(&d, watchdog_us ? (int64_t)watchdog_us / 2000 :

@@ -36,6 +36,10 @@ struct side {
 	struct store_mark *marks;
 	size_t *msg_row;	/* msgs[k] publishes rows[msg_row[k]] */
 	char (*errors)[320];	/* last_error text per row */
+	/* Why each failed row failed: counted, with the row's log line,
+	 * once its mark commits (a rolled-back mark changed nothing). */
+	enum metrics_failure *why;
+	int *attempt;		/* the failed row's attempt, from 1 */
 };
 
 struct relay {
@@ -101,6 +105,8 @@ relay_free(struct relay *r)
 		free(x->marks);
 		free(x->msg_row);
 		free(x->errors);
+		free(x->why);
+		free(x->attempt);
 	}
 	free(r);
 }
@@ -126,6 +132,8 @@ relay_set_conf(struct relay *r, const struct relay_conf *conf)
 		x->marks = xrealloc(x->marks, n * sizeof(*x->marks));
 		x->msg_row = xrealloc(x->msg_row, n * sizeof(*x->msg_row));
 		x->errors = xrealloc(x->errors, n * sizeof(*x->errors));
+		x->why = xrealloc(x->why, n * sizeof(*x->why));
+		x->attempt = xrealloc(x->attempt, n * sizeof(*x->attempt));
 	}
 	r->cap = n;
 }
@@ -242,20 +250,43 @@ mark_failed(struct relay *r, struct side *x, size_t i, const char *reason,
 	else
 		snprintf(x->errors[i], sizeof(x->errors[i]), "%s", reason);
 	m->error = x->errors[i];
-	metrics_inc_failed(why, 1);
-	if (m->kind == MARK_DEAD) {
-		metrics_inc_dead(1);
-		char q[340];
-		r->stats.dead++;
-		log_warn("message dead", "id=%" PRId64 " attempts=%d error=%s",
-		    row->id, row->current_retry_times + 1,
-		    log_quote(q, sizeof(q), m->error));
-	} else {
-		r->stats.retried++;
-		log_info("message failed", "id=%" PRId64 " attempt=%d "
-		    "retry_in_ms=%" PRId64 " error=%s", row->id,
-		    row->current_retry_times + 1, m->delay_ms,
-		    log_quote((char[340]){ 0 }, 340, m->error));
+	x->why[i] = why;
+	x->attempt[i] = row->current_retry_times + 1;
+}
+
+/* x's n marks are committed: what they say is true now, so it is
+ * counted and the failed rows are logged.  (The batch's rows are gone
+ * with the commit; the marks are not.) */
+static void
+count_marks(struct relay *r, const struct side *x, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		const struct store_mark *m = &x->marks[i];
+
+		switch (m->kind) {
+		case MARK_SUCCESS:
+			r->stats.published++;
+			metrics_inc_published(1);
+			break;
+		case MARK_DEAD:
+			metrics_inc_failed(x->why[i], 1);
+			metrics_inc_dead(1);
+			r->stats.dead++;
+			log_warn("message dead", "id=%" PRId64 " attempts=%d "
+			    "error=%s", m->id, x->attempt[i],
+			    log_quote((char[340]){ 0 }, 340, m->error));
+			break;
+		case MARK_RETRY:
+			metrics_inc_failed(x->why[i], 1);
+			r->stats.retried++;
+			log_info("message failed", "id=%" PRId64 " attempt=%d "
+			    "retry_in_ms=%" PRId64 " error=%s", m->id,
+			    x->attempt[i], m->delay_ms,
+			    log_quote((char[340]){ 0 }, 340, m->error));
+			break;
+		case MARK_RELEASE:
+			break;
+		}
 	}
 }
 
@@ -388,8 +419,6 @@ side_settle(struct relay *r, struct side *x, int broker_rc)
 		switch (res->outcome) {
 		case BROKER_ACKED:
 			x->marks[i].kind = MARK_SUCCESS;
-			r->stats.published++;
-			metrics_inc_published(1);
 			break;
 		case BROKER_UNKNOWN:
 			/* No confirm: it may have arrived, or not.  Leave
@@ -435,6 +464,7 @@ side_mark(struct relay *r, struct side *x)
 		    store_error(x->store)));
 		return -1;
 	}
+	count_marks(r, x, n);
 	cycle_done(r);
 	r->stats.batches++;
 	r->stats.last_batch_us = now_mono_us() - x->claimed_us;

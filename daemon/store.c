@@ -79,18 +79,23 @@ enum claim_col {
 	N_CLAIM_COLS
 };
 
+/* The marks' times are the mark's (statement_timestamp), not the
+ * claim's (now() is the transaction's start): a batch's confirms can
+ * take up to rabbitmq.confirm_timeout, and a retry delay counted from
+ * the claim came due that much early. */
 static const char mark_success_sql[] =
     "UPDATE t_transactional_message SET message_status = 1,"
-    " next_schedule_time = NULL, edit_time = now(), editor = 'outboxd'"
-    " WHERE id = ANY($1::int8[])";
+    " next_schedule_time = NULL, edit_time = statement_timestamp(),"
+    " editor = 'outboxd' WHERE id = ANY($1::int8[])";
 
 /* Failed rows: FAIL (2) with a new due time, or DEAD (3). */
 static const char mark_failed_sql[] =
     "UPDATE t_transactional_message t SET message_status = u.status,"
     " current_retry_times = least(t.current_retry_times + 1, 32767),"
-    " last_error = u.error, edit_time = now(), editor = 'outboxd',"
-    " next_schedule_time = CASE WHEN u.status = 2"
-    "  THEN now() + u.delay_ms * interval '1 millisecond' END"
+    " last_error = u.error, edit_time = statement_timestamp(),"
+    " editor = 'outboxd', next_schedule_time = CASE WHEN u.status = 2"
+    "  THEN statement_timestamp() + u.delay_ms * interval '1 millisecond'"
+    "  END"
     " FROM unnest($1::int8[], $2::int2[], $3::int8[], $4::text[])"
     "  AS u(id, status, delay_ms, error)"
     " WHERE t.id = u.id";

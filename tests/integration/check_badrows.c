@@ -567,6 +567,47 @@ START_TEST(test_broker_text_cut_mid_character)
 END_TEST
 
 /*
+ * A failed row's retry is counted from its mark, not from its claim: the
+ * batch's marks can come long after the claim (confirms take up to
+ * rabbitmq.confirm_timeout).  Here a trigger holds the batch's
+ * mark_success for 2 s, and mark_failed follows it in the same
+ * transaction: its edit_time must be 2 s after the sent row's, with the
+ * delay counted from there.  now() (the claim's time) gave both rows the
+ * same time.
+ */
+START_TEST(test_retry_counted_from_the_mark)
+{
+	char sql[1024];
+	pid_t pid;
+
+	tl_sql(db, "CREATE OR REPLACE FUNCTION badrows_slow_mark()"
+	    " RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+	    " PERFORM pg_sleep(2); RETURN NEW; END $$");
+	tl_sql(db, "CREATE TRIGGER badrows_slow_mark BEFORE UPDATE ON"
+	    " t_transactional_message FOR EACH ROW WHEN"
+	    " (NEW.message_status = 1 AND NEW.business_key = 'slow-mark')"
+	    " EXECUTE FUNCTION badrows_slow_mark()");
+	snprintf(sql, sizeof(sql), "SELECT outbox_enqueue('', '" GOOD "', "
+	    "'x', business_key => 'slow-mark');"
+	    "SELECT outbox_enqueue('badrows.none.%s', 'k', 'x', "
+	    " business_key => 'missing-exchange', init_backoff => '1 hour')",
+	    uniq);
+	pid = start_with(BASE_YAML, sql);
+	assert_row("missing-exchange", 2, 1, "NOT_FOUND");
+	ck_assert_int_ge(tl_sql_int(db, "SELECT (extract(epoch FROM "
+	    "(SELECT edit_time FROM t_transactional_message WHERE "
+	    "business_key = 'missing-exchange') - (SELECT edit_time FROM "
+	    "t_transactional_message WHERE business_key = 'slow-mark')) * "
+	    "1000)::int8"), 2000);
+	ck_assert_int_eq(scheduled_delay_ms("missing-exchange"), 3600000);
+	tl_sql(db, "DROP TRIGGER badrows_slow_mark ON t_transactional_message");
+	tl_sql(db, "DROP FUNCTION badrows_slow_mark()");
+	assert_good_delivered();
+	assert_still_serving(pid);
+}
+END_TEST
+
+/*
  * Everything at once, in the same batches as 100 good rows: the bad rows
  * do not disturb one another either.  max_payload 6 MiB puts the 5 MiB
  * row over the broker's limit and the 7 MiB one over ours.
@@ -646,6 +687,7 @@ main(void)
 	tcase_add_test(tc, test_headers_not_an_object);
 	tcase_add_test(tc, test_non_utf8_content);
 	tcase_add_test(tc, test_broker_text_cut_mid_character);
+	tcase_add_test(tc, test_retry_counted_from_the_mark);
 	tcase_add_test(tc, test_all_bad_rows_at_once);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);

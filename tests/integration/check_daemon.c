@@ -5,6 +5,7 @@
  * secrets kept out of every output, and logfmt on stderr.
  */
 #include <check.h>
+#include <dirent.h>
 #include <errno.h>
 #include <math.h>
 #include <poll.h>
@@ -935,10 +936,16 @@ START_TEST(test_failing_marks_are_paced)
 	ck_assert_msg(log_count(log, "dmn: mark refused") >= 4, "log %s", log);
 	ck_assert_int_eq(wait_health(503, health, sizeof(health), 20000), 503);
 	ck_assert_msg(strstr(health, "failing") != NULL, "reason: %s", health);
+	/* Confirmed four times, marked never: not counted as published
+	 * (it once was, at each confirm). */
+	ck_assert_double_eq(metric_now("outboxd_messages_published_total"),
+	    0);
 
 	tl_sql(db, "DROP TRIGGER dmn_refuse_mark ON t_transactional_message");
 	ck_assert_int_eq(tl_wait_sql_int(db, 1, 30000, COUNT_STATUS(1)
 	    " AND routing_key = 'dmn.markfail'"), 1);
+	ck_assert_double_eq(wait_metric("outboxd_messages_published_total", 1,
+	    10000), 1);
 	ck_assert_int_eq(wait_health(200, health, sizeof(health), 30000), 200);
 	ck_assert_int_eq(tl_outboxd_stop(pid, 25000), 0);
 	tl_sql(db, "DROP FUNCTION dmn_refuse_mark()");
@@ -1853,6 +1860,107 @@ START_TEST(test_systemd_notifications)
 }
 END_TEST
 
+/*
+ * A reload before outboxd is ready (RabbitMQ refuses its login here):
+ * RELOADING=1, but no READY=1, which would tell systemd the start is
+ * done while nothing can be relayed.
+ */
+START_TEST(test_reload_before_ready)
+{
+	struct notices n = { 0 };
+	char path[256], *log;
+	pid_t pid;
+
+	n.fd = notify_socket(path, sizeof(path));
+	setenv("NOTIFY_SOCKET", path, 1);
+	pid = start_with_queue(NULL, "rabbitmq.user: dmn-nobody\n"
+	    "rabbitmq.password: wrong\nredis.key: \"dmn:leader:unready\"\n");
+	unsetenv("NOTIFY_SOCKET");
+	log = log_of(pid);
+	ck_assert_msg(wait_log(log, "msg=\"rabbitmq unavailable\"", 1,
+	    20000), "log %s", log);
+	kill(pid, SIGHUP);
+	ck_assert(wait_log(log, "msg=\"config reloaded\"", 1, 10000));
+	ck_assert_msg(read_notices(&n, "RELOADING=1", 5000),
+	    "no RELOADING=1");
+	/* A second reload done means the first one's notices are sent. */
+	kill(pid, SIGHUP);
+	ck_assert(wait_log(log, "msg=\"config reloaded\"", 2, 10000));
+	ck_assert_msg(read_notices(&n, "RELOADING=1", 5000),
+	    "no second RELOADING=1");
+	ck_assert_msg(!read_notices(&n, "READY=1", 500), "READY=1 sent "
+	    "before the servers answered");
+	ck_assert_int_eq(log_count(log, "msg=\"outboxd ready\""), 0);
+	ck_assert_int_eq(tl_outboxd_stop(pid, 25000), 0);
+	close(n.fd);
+	(void)unlink(path);
+	free(log);
+}
+END_TEST
+
+/* SigBlk of task tid of pid, from /proc. */
+static unsigned long long
+task_blocked(pid_t pid, const char *tid)
+{
+	char path[128], line[256];
+	unsigned long long mask = 0;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/task/%s/status", (int)pid, tid);
+	f = fopen(path, "r");
+	ck_assert_msg(f != NULL, "%s: %s", path, strerror(errno));
+	while (fgets(line, sizeof(line), f) != NULL)
+		if (strncmp(line, "SigBlk:", 7) == 0)
+			mask = strtoull(line + 7, NULL, 16);
+	fclose(f);
+	return mask;
+}
+
+/*
+ * SIGTERM, SIGINT and SIGHUP are for the main thread, whose poll() they
+ * cut short: every other thread (the HTTP endpoint's, the workers')
+ * blocks them.  The HTTP thread once did not, and a SIGTERM the kernel
+ * gave it waited for the main loop's next wake-up.
+ */
+START_TEST(test_signals_reach_the_main_thread)
+{
+	const unsigned long long want = (1ULL << (SIGHUP - 1)) |
+	    (1ULL << (SIGINT - 1)) | (1ULL << (SIGTERM - 1));
+	char yaml[256], dir[64], main_tid[32], *log;
+	struct dirent *e;
+	int others = 0;
+	DIR *d;
+	pid_t pid;
+
+	snprintf(yaml, sizeof(yaml), "http.listen: \"127.0.0.1:%d\"\n"
+	    "relay.workers: 2\nredis.key: \"dmn:leader:signals\"\n",
+	    http_port());
+	pid = start_with_queue(NULL, yaml);
+	log = log_of(pid);
+	ck_assert(wait_log(log, "msg=\"outboxd ready\"", 1, 30000));
+	snprintf(dir, sizeof(dir), "/proc/%d/task", (int)pid);
+	snprintf(main_tid, sizeof(main_tid), "%d", (int)pid);
+	d = opendir(dir);
+	ck_assert_ptr_nonnull(d);
+	while ((e = readdir(d)) != NULL) {
+		if (e->d_name[0] == '.')
+			continue;
+		if (strcmp(e->d_name, main_tid) == 0) {
+			ck_assert_int_eq(task_blocked(pid, e->d_name) & want, 0);
+			continue;
+		}
+		others++;
+		ck_assert_msg((task_blocked(pid, e->d_name) & want) == want,
+		    "thread %s does not block SIGTERM/SIGINT/SIGHUP: %llx",
+		    e->d_name, task_blocked(pid, e->d_name));
+	}
+	closedir(d);
+	ck_assert_int_ge(others, 2);	/* the HTTP thread and a worker */
+	ck_assert_int_eq(tl_outboxd_stop(pid, 25000), 0);
+	free(log);
+}
+END_TEST
+
 /* --- secrets ------------------------------------------------------------- */
 
 #define PG_SECRET "Pg-S3cret-dmn-4711"
@@ -2129,6 +2237,8 @@ main(void)
 	tcase_add_test(tc, test_metrics_and_health);
 	tcase_add_test(tc, test_http_port_taken);
 	tcase_add_test(tc, test_systemd_notifications);
+	tcase_add_test(tc, test_reload_before_ready);
+	tcase_add_test(tc, test_signals_reach_the_main_thread);
 	tcase_add_test(tc, test_health_reports_a_stall);
 	tcase_add_test(tc, test_lock_timeout_bounds_the_claim);
 	tcase_add_test(tc, test_prepare_cut_short_by_a_lock);

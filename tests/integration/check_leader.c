@@ -700,31 +700,44 @@ START_TEST(test_leader_sigkill_failover)
 END_TEST
 
 /*
- * The lock key deleted by hand: a second instance takes it while the
- * first still believes it leads (it renews only every ttl/3), so both
- * claim FAIL rows, which only leaders retry, at once.  SKIP LOCKED keeps
- * every row to one of them.
+ * The leader's key deleted (what a Redis restarted empty or a failover to
+ * a lagging replica does): the other instance takes the key at once, but
+ * the first still holds the PostgreSQL advisory lock and leads on until
+ * its renewal finds the key gone.  The second leads only after that, so
+ * there is never more than one leader: it logs that it waits.  Only
+ * leaders take FAIL rows, so who published them shows who led.  The row
+ * gauges go with leadership: the first stops showing the dead row.
  */
-START_TEST(test_key_deleted_two_leaders)
+START_TEST(test_key_deleted_one_leader)
 {
 	enum { N = 10000, FIRST_TTL = 30000 };
 	struct tl_amqp *a = tl_amqp_open();
 	struct tally t;
-	char yaml[64], token[128];
+	char yaml[2][128], token[128];
 	pid_t p[2], owner;
+	int port[2];
 	long long first;
 	int lost;
 
 	tl_queue(a, "leader.steal", "", "");
 	tl_consume(a, "leader.steal");
-	snprintf(yaml, sizeof(yaml), "relay.batch_size: %d\n", BATCH);
+	for (int i = 0; i < 2; i++) {
+		port[i] = tl_free_port();
+		snprintf(yaml[i], sizeof(yaml[i]), "relay.batch_size: %d\n"
+		    "http.listen: \"127.0.0.1:%d\"\n", BATCH, port[i]);
+	}
+	tl_sql(db, "INSERT INTO t_transactional_message (queue_name, "
+	    "message_status, current_retry_times, max_retry_times) VALUES "
+	    "('leader.steal', 3, 5, 5)");
 	/* The first renews every 10 s; the second tries every 333 ms. */
-	p[0] = start_ttl(FIRST_TTL, yaml);
+	p[0] = start_ttl(FIRST_TTL, yaml[0]);
 	ck_assert(wait_log2(p[0], "leadership acquired", "backend=redis",
 	    20000));
-	p[1] = start_ttl(1000, yaml);
+	p[1] = start_ttl(1000, yaml[1]);
 	ck_assert(wait_log(p[1], "outboxd ready", 30000));
 	ck_assert(wait_log(p[0], "outboxd ready", 30000));
+	ck_assert(metrics_show(port[0], "outboxd_rows_dead 1\n"));
+	ck_assert(metrics_show(port[1], "outboxd_rows_dead 0\n"));
 	/* Delete the key just after a renewal of the first, which then
 	 * goes on leading for seconds after the second took the key. */
 	for (int64_t deadline = tl_ms() + 20000; lock_pttl() <
@@ -734,40 +747,47 @@ START_TEST(test_key_deleted_two_leaders)
 	lock_delete();
 	owner = wait_lock_owner(p, 2, NULL, 3000);
 	ck_assert_msg(owner == p[1], "the second did not take the key");
-	ck_assert(wait_log2(p[1], "leadership acquired", "backend=redis",
-	    2000));
-	/* Every row is FAIL and due: only leaders take them, and both
-	 * think they lead. */
+	ck_assert(wait_log(p[1], "another instance holds the postgres "
+	    "advisory lock", 3000));
+	/* Every row is FAIL and due: only the leader takes them. */
 	first = tl_sql_int(db, "BEGIN; SELECT outbox_enqueue('', "
 	    "'leader.steal', 's ' || g) FROM generate_series(1, %d) g; "
 	    "UPDATE t_transactional_message SET message_status = 2, "
-	    "current_retry_times = 1; COMMIT; "
-	    "SELECT min(id) FROM t_transactional_message", N);
+	    "current_retry_times = 1 WHERE message_status = 0; COMMIT; "
+	    "SELECT min(id) FROM t_transactional_message WHERE "
+	    "message_status = 2", N);
 	tally_init(&t, first, N);
 	ck_assert_int_eq(tl_wait_sql_int(db, N / 2, 30000, "SELECT CASE WHEN "
 	    "count(*) >= %d THEN %d ELSE 0 END FROM t_transactional_message "
 	    "WHERE message_status = 1", N / 2, N / 2), N / 2);
-	/* Half the rows went while both led. */
+	/* Half the rows went, all by the first, which still led. */
 	ck_assert_msg(log_count(p[0], "leader lock lost") == lost,
 	    "the first stopped leading too soon");
+	ck_assert(!log_has(p[1], "leadership acquired"));
+	ck_assert(metrics_show(port[1], "outboxd_messages_published_total "
+	    "0\n"));
+	/* The first's renewal finds the key taken; it lets the advisory
+	 * lock go, and only then does the second lead. */
+	ck_assert(wait_log(p[1], "leadership acquired", 20000));
+	ck_assert(log_has(p[0], "leader lock lost"));
+	ck_assert(log_has(p[1], "postgres advisory lock acquired"));
+	ck_assert(metrics_show(port[0], "outboxd_leader 0\n"));
+	ck_assert(metrics_show(port[0], "outboxd_rows_dead 0\n"));
+	ck_assert(metrics_show(port[1], "outboxd_leader 1\n"));
+	ck_assert(metrics_show(port[1], "outboxd_rows_dead 1\n"));
 	ck_assert_int_eq(tl_wait_sql_int(db, N, 120000, COUNT_STATUS(1)), N);
 	tally_collect(a, &t, 60000);
-	fprintf(stderr, "leader: two leaders, %lld rows, %lld deliveries, "
+	fprintf(stderr, "leader: key deleted, %lld rows, %lld deliveries, "
 	    "%lld duplicates\n", t.distinct, t.deliveries, t.dups);
 	ck_assert_int_eq(t.distinct, N);
 	ck_assert_int_eq(t.dups, 0);
 	ck_assert_int_eq(stop(p[0]), 0);
-	/* The first finds out at its renewal, or at its release at the
-	 * latest, which leaves the other's key alone. */
-	ck_assert(log_has(p[0], "leader lock lost"));
 	ck_assert(lock_value(token, sizeof(token)));
 	ck_assert_int_eq(token_owner(p, 2, token), p[1]);
 	ck_assert_int_eq(stop(p[1]), 0);
-	/* Both retried rows: both led at once, and no row went twice. */
-	fprintf(stderr, "leader: two leaders published %lld and %lld\n",
-	    published_by(p[0]), published_by(p[1]));
+	fprintf(stderr, "leader: one leader at a time published %lld and "
+	    "%lld\n", published_by(p[0]), published_by(p[1]));
 	ck_assert_int_gt(published_by(p[0]), 0);
-	ck_assert_int_gt(published_by(p[1]), 0);
 	ck_assert_int_eq(published_by(p[0]) + published_by(p[1]), N);
 	tally_free(&t);
 	tl_amqp_close(a);
@@ -789,6 +809,7 @@ START_TEST(test_redis_outage_falls_back_to_postgres)
 	long long first, exhausted;
 	int64_t stopped, fell_back, swept, started, key_back, lock_gone;
 	char token[128];
+	int owner;
 
 	tl_queue(a, "leader.outage", "", "");
 	tl_consume(a, "leader.outage");
@@ -878,19 +899,25 @@ START_TEST(test_redis_outage_falls_back_to_postgres)
 		ck_assert_msg(wait_metric_ge(port[i], "outboxd_reconnects_total"
 		    "{server=\"redis\"}", 1), "instance %d counted no redis "
 		    "reconnect", i);
-	ck_assert_int_eq(tl_wait_sql_int(db, 0, 10000, "SELECT count(*) FROM "
-	    "pg_locks WHERE locktype = 'advisory' AND objid = 7400314"), 0);
-	lock_gone = tl_ms() - started;
+	/* The key's holder leads once it holds the advisory lock too (the
+	 * advisory-lock leader lets it go when it is back on Redis, or
+	 * keeps it, when it took the key itself); the other does not. */
 	ck_assert(lock_value(token, sizeof(token)));
-	ck_assert(metrics_show(port[token_owner(p, 2, token) == p[0] ? 0 : 1],
+	owner = token_owner(p, 2, token) == p[0] ? 0 : 1;
+	ck_assert(metrics_show(port[owner], "outboxd_leader 1\n"));
+	ck_assert(metrics_show(port[1 - owner], "outboxd_leader 0\n"));
+	lock_gone = tl_ms() - started;
+	ck_assert(metrics_show(port[owner],
 	    "outboxd_leader_backend{backend=\"redis\"} 1"));
+	ck_assert_int_eq(tl_sql_int(db, "SELECT count(*) FROM pg_locks WHERE "
+	    "locktype = 'advisory' AND objid = 7400314 AND granted"), 1);
 	enqueue("leader.outage", "c", N3);
 	ck_assert_int_eq(tl_wait_sql_int(db, N1 + N2 + N3, 30000,
 	    COUNT_STATUS(1)), N1 + N2 + N3);
 	tally_collect(a, &t, 30000);
 	fprintf(stderr, "leader: redis down: advisory-lock leader after %lld "
 	    "ms, dead row swept after %lld ms; redis back: key taken after "
-	    "%lld ms, advisory lock gone after %lld ms; %lld rows, %lld "
+	    "%lld ms, its holder leading after %lld ms; %lld rows, %lld "
 	    "duplicates\n", (long long)fell_back, (long long)swept,
 	    (long long)key_back, (long long)lock_gone, t.distinct, t.dups);
 	ck_assert_int_eq(t.distinct, N1 + N2 + N3);
@@ -898,6 +925,62 @@ START_TEST(test_redis_outage_falls_back_to_postgres)
 	ck_assert_int_eq(t.dups, 0);
 	ck_assert_int_eq(stop(p[0]), 0);
 	ck_assert_int_eq(stop(p[1]), 0);
+	tally_free(&t);
+	tl_amqp_close(a);
+}
+END_TEST
+
+/*
+ * One instance cannot use Redis (here a wrong password; in life a
+ * partition or an ACL) while another holds the key.  It falls back to
+ * the advisory lock, which the Redis leader holds too, so it must not
+ * lead beside it: in single-active mode that made two relays, for as
+ * long as its Redis trouble lasted.  Once the Redis leader stops, it
+ * leads through PostgreSQL.
+ */
+START_TEST(test_instance_without_redis_does_not_lead_beside)
+{
+	enum { N = 2000 };
+	struct tl_amqp *a = tl_amqp_open();
+	char yaml[2][256];
+	struct tally t;
+	long long first;
+	int port[2];
+	pid_t p[2];
+
+	tl_queue(a, "leader.refused", "", "");
+	tl_consume(a, "leader.refused");
+	for (int i = 0; i < 2; i++) {
+		port[i] = tl_free_port();
+		snprintf(yaml[i], sizeof(yaml[i]), "relay.mode: single-active\n"
+		    "relay.batch_size: %d\nhttp.listen: \"127.0.0.1:%d\"\n%s",
+		    BATCH, port[i], i == 1 ? "redis.password: wrong\n" : "");
+	}
+	p[0] = start(yaml[0]);
+	ck_assert(wait_log2(p[0], "leadership acquired", "backend=redis",
+	    20000));
+	p[1] = start(yaml[1]);
+	ck_assert(wait_log(p[1], "leader election falls back to a postgres "
+	    "advisory lock", 15000));
+	first = enqueue("leader.refused", "r", N);
+	tally_init(&t, first, 2 * N);
+	ck_assert_int_eq(tl_wait_sql_int(db, N, 60000, COUNT_STATUS(1)), N);
+	ck_assert(!log_has(p[1], "leadership acquired"));
+	ck_assert(metrics_show(port[1], "outboxd_leader 0\n"));
+	ck_assert(metrics_show(port[1], "outboxd_messages_published_total "
+	    "0\n"));
+	ck_assert(metrics_show(port[0], "outboxd_leader 1\n"));
+	ck_assert_int_eq(stop(p[0]), 0);
+	ck_assert(wait_log2(p[1], "leadership acquired", "backend=postgres",
+	    15000));
+	enqueue("leader.refused", "s", N);
+	ck_assert_int_eq(tl_wait_sql_int(db, 2 * N, 60000, COUNT_STATUS(1)),
+	    2 * N);
+	tally_collect(a, &t, 30000);
+	ck_assert_int_eq(t.distinct, 2 * N);
+	ck_assert_int_eq(t.dups, 0);
+	ck_assert_int_eq(stop(p[1]), 0);
+	ck_assert_int_eq(published_by(p[1]), N);
 	tally_free(&t);
 	tl_amqp_close(a);
 }
@@ -1842,8 +1925,9 @@ main(void)
 	memset(registry, 0, MAX_INSTANCES * sizeof(*registry));
 	add(s, "three", test_three_instances_each_row_once);
 	add(s, "sigkill", test_leader_sigkill_failover);
-	add(s, "key_deleted", test_key_deleted_two_leaders);
+	add(s, "key_deleted", test_key_deleted_one_leader);
 	add(s, "redis_outage", test_redis_outage_falls_back_to_postgres);
+	add(s, "redis_refused", test_instance_without_redis_does_not_lead_beside);
 	add(s, "single_active", test_single_active_standby_takes_over);
 	add(s, "single_active_no_redis", test_single_active_without_redis);
 	add(s, "standby_wakeups", test_standby_drops_wakeups);
