@@ -11,7 +11,8 @@
 #   make valgrind        unit tests under valgrind memcheck
 #   make valgrind-integration  outboxd under memcheck in three suites
 #   make tsan            the suites that run relay workers, under ThreadSanitizer
-#   make install PREFIX=/usr/local DESTDIR=
+#   make install PREFIX=/usr/local DESTDIR=   (keeps an existing
+#                        /etc/outboxd/outboxd.yml; make uninstall)
 
 CC       ?= cc
 # clang, for the fuzz targets and its static analyzer (make analyze).
@@ -60,7 +61,8 @@ BENCH_SRCS  := $(sort $(wildcard bench/*.c))
 BENCH_BINS  := $(BENCH_SRCS:%.c=$(B)/%)
 
 .PHONY: all deps test unit integration run stop servers-status valgrind \
-	valgrind-integration asan tsan analyze bench install format clean
+	valgrind-integration asan tsan analyze bench install uninstall format \
+	clean
 .DEFAULT_GOAL := all
 
 all: $(B)/outboxd
@@ -193,10 +195,23 @@ $(ANALYZE_B)/%.plist: %.c $(ANALYZE_DEPS)
 	$(CLANG) --analyze -Xanalyzer -analyzer-werror \
 		$(filter-out -O% -g,$(CFLAGS)) $(ANALYZE_INC) -o $@ $<
 
-bench: deps $(B)/outboxd $(BENCH_BINS)
+# deps first, then a make that reads this file again: the pkg-config
+# flags above were worked out before deps could install what they name.
+bench: deps
+	@$(MAKE) --no-print-directory $(B)/outboxd $(BENCH_BINS)
 	@OUTBOXD_BIN=$(B)/outboxd bench/run.sh
 
-run: deps $(B)/outboxd
+# .run is a link to a directory under /tmp: PostgreSQL runs as its own
+# user when make runs as root, and could not reach a .run inside a
+# private home directory (0700 on Debian).  A link left dangling by a
+# reboot is made again.
+run: deps
+	@$(MAKE) --no-print-directory $(B)/outboxd
+	@if [ ! -d .run ]; then \
+		rm -f .run && \
+		d=$$(mktemp -d "$${TMPDIR:-/tmp}/outboxd-run.XXXXXX") && \
+		chmod 755 "$$d" && ln -s "$$d" .run; \
+	fi
 	@tests/servers.sh start .run
 	@. .run/env.sh && $(B)/outboxd migrate -c .run/outboxd.yml && \
 		exec $(B)/outboxd run -c .run/outboxd.yml
@@ -209,13 +224,32 @@ install: $(B)/outboxd
 		$(DESTDIR)/etc/outboxd $(DESTDIR)/lib/systemd/system
 	install -m 755 $(B)/outboxd $(DESTDIR)$(PREFIX)/bin/outboxd
 	install -m 644 sql/*.sql $(DESTDIR)$(PREFIX)/share/outboxd/sql/
-	install -m 640 config/outboxd.yml $(DESTDIR)/etc/outboxd/outboxd.yml
+	@# An upgrade keeps the operator's config (and its group, which lets
+	@# the outboxd user read it); the new sample goes beside it.
+	@if [ -e $(DESTDIR)/etc/outboxd/outboxd.yml ]; then \
+		echo "install: keeping /etc/outboxd/outboxd.yml; the new" \
+			"sample is /etc/outboxd/outboxd.yml.dist"; \
+		install -m 640 config/outboxd.yml \
+			$(DESTDIR)/etc/outboxd/outboxd.yml.dist; \
+	else \
+		install -m 640 config/outboxd.yml \
+			$(DESTDIR)/etc/outboxd/outboxd.yml; \
+	fi
 	install -m 644 systemd/outboxd.service $(DESTDIR)/lib/systemd/system/
 	install -d $(DESTDIR)$(PREFIX)/share/man/man8 \
 		$(DESTDIR)$(PREFIX)/share/man/man5
 	install -m 644 docs/man/man8/outboxd.8 $(DESTDIR)$(PREFIX)/share/man/man8/
 	install -m 644 docs/man/man5/outboxd.yml.5 \
 		$(DESTDIR)$(PREFIX)/share/man/man5/
+
+# Leaves /etc/outboxd (the operator's config and password files) and the
+# database alone.
+uninstall:
+	rm -f $(DESTDIR)$(PREFIX)/bin/outboxd \
+		$(DESTDIR)/lib/systemd/system/outboxd.service \
+		$(DESTDIR)$(PREFIX)/share/man/man8/outboxd.8 \
+		$(DESTDIR)$(PREFIX)/share/man/man5/outboxd.yml.5
+	rm -rf $(DESTDIR)$(PREFIX)/share/outboxd
 
 format:
 	clang-format -i daemon/*.c daemon/*.h tests/*/*.c

@@ -184,13 +184,24 @@ bk_rpc_outcome(struct broker *b, amqp_channel_t ch, amqp_rpc_reply_t r,
     const char *what, char *reason, size_t size)
 {
 	const amqp_channel_close_t *cc;
+	const amqp_connection_close_t *conn_close;
 
+	*reason = '\0';
 	switch (r.reply_type) {
 	case AMQP_RESPONSE_NORMAL:
 		return 0;
 	case AMQP_RESPONSE_SERVER_EXCEPTION:
-		if (r.reply.id == AMQP_CONNECTION_CLOSE_METHOD)
-			return bk_conn_closed_by_broker(b, r.reply.decoded);
+		if (r.reply.id == AMQP_CONNECTION_CLOSE_METHOD) {
+			/* The broker's answer to this command, fatal to the
+			 * whole connection (503 for an exchange type it does
+			 * not know): the reason goes to the caller too. */
+			conn_close = r.reply.decoded;
+			strfmt(reason, size, "%.*s (%u)",
+			    (int)conn_close->reply_text.len,
+			    (const char *)conn_close->reply_text.bytes,
+			    conn_close->reply_code);
+			return bk_conn_closed_by_broker(b, conn_close);
+		}
 		if (r.reply.id != AMQP_CHANNEL_CLOSE_METHOD)
 			return bk_conn_lost(b, "%s: unexpected reply 0x%08x",
 			    what, (unsigned)r.reply.id);

@@ -100,6 +100,7 @@ exchange_usable(struct broker *b, const char *name, const char *type,
 	bool passive = (*type == '\0');
 	int rc;
 
+	*reason = '\0';
 	if (*name == '\0')
 		return 0;	/* the default exchange always exists */
 	x = xcache_find(b, name, type);
@@ -324,6 +325,14 @@ batch_prepare(struct batch *bt)
 		rc = exchange_usable(b, m->exchange ? m->exchange : "",
 		    m->exchange_type ? m->exchange_type : "", bt->deadline,
 		    reason, sizeof(reason));
+		if (rc == -1 && *reason != '\0') {
+			/* The broker closed the whole connection over this
+			 * row's exchange (an exchange type it does not know:
+			 * 503): the row takes the blame, or every batch would
+			 * reconnect and meet it again. */
+			finish(bt, i, BROKER_REJECTED, false, reason);
+			return -1;
+		}
 		if (rc == -1)
 			return -1;
 		if (rc == 1)

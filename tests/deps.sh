@@ -17,11 +17,23 @@ if [ -n "${OUTBOXD_EXTRA_PACKAGES:-}" ]; then
 	packages+=("${extra[@]}")
 fi
 
+installed() {
+	[ "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null || true)" = \
+		"install ok installed" ]
+}
+
 missing=()
 for p in "${packages[@]}"; do
-	status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
-	[ "$status" = "install ok installed" ] || missing+=("$p")
+	installed "$p" || missing+=("$p")
 done
+# The Node.js example needs the pg module: Debian's nodejs comes without
+# npm, so take Debian's node-pg there.  A nodejs from elsewhere (one that
+# brings npm, like NodeSource's) conflicts with node-pg; the example's
+# test installs pg with npm instead.
+if ! command -v npm >/dev/null && ! installed node-pg &&
+	! apt-cache policy nodejs 2>/dev/null | grep -q nodesource; then
+	missing+=(node-pg)
+fi
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 echo "deps.sh: installing ${missing[*]}" >&2

@@ -479,7 +479,9 @@ kill_redis() {
 [ $# -ge 2 ] || usage
 cmd=$1
 mkdir -p "$2"
-DIR=$(cd "$2" && pwd)
+# The physical path: a link (make run's .run) may pass through a private
+# directory that PostgreSQL's own user cannot enter.
+DIR=$(cd "$2" && pwd -P)
 shift 2
 # TLS mode is asked for here, and only here; it then sticks to the DIR.
 if [ "$cmd" = tls ] ||

@@ -567,6 +567,32 @@ START_TEST(test_broker_text_cut_mid_character)
 END_TEST
 
 /*
+ * An exchange type RabbitMQ does not know ('Topic', a plugin's type not
+ * installed): the broker closes the whole connection (503), not just the
+ * channel.  The row takes the blame, FAIL with the broker's words and its
+ * backoff; it used to be left untouched, and every batch reconnected and
+ * met it again, hundreds of times a second.
+ */
+START_TEST(test_unknown_exchange_type)
+{
+	char sql[512];
+	pid_t pid;
+
+	snprintf(sql, sizeof(sql), "SELECT outbox_enqueue('badrows.cap.%s', "
+	    "'k', 'x', exchange_type => 'Topic', business_key => "
+	    "'unknown-type', init_backoff => '1 hour')", uniq);
+	pid = start_with(BASE_YAML, sql);
+	assert_row("unknown-type", 2, 1, "unknown exchange type 'Topic'");
+	ck_assert_int_eq(scheduled_delay_ms("unknown-type"), 3600000);
+	assert_good_delivered();
+	/* One connection lost for it, not a loop of them. */
+	ck_assert_int_le(tl_file_lines(tl_outboxd_log(pid),
+	    "broker connection lost", NULL), 2);
+	assert_still_serving(pid);
+}
+END_TEST
+
+/*
  * A failed row's retry is counted from its mark, not from its claim: the
  * batch's marks can come long after the claim (confirms take up to
  * rabbitmq.confirm_timeout).  Here a trigger holds the batch's
@@ -687,6 +713,7 @@ main(void)
 	tcase_add_test(tc, test_headers_not_an_object);
 	tcase_add_test(tc, test_non_utf8_content);
 	tcase_add_test(tc, test_broker_text_cut_mid_character);
+	tcase_add_test(tc, test_unknown_exchange_type);
 	tcase_add_test(tc, test_retry_counted_from_the_mark);
 	tcase_add_test(tc, test_all_bad_rows_at_once);
 	suite_add_tcase(s, tc);

@@ -122,6 +122,11 @@ if ! command -v "$NODE" >/dev/null; then
 	fail "node example" "no node binary (install Debian's nodejs)"
 elif (cd examples/node && "$NODE" -e "require('pg')") 2>/dev/null; then
 	node_ok=1
+elif (cd examples/node && NODE_PATH=/usr/share/nodejs "$NODE" -e \
+    "require('pg')") 2>/dev/null; then
+	# Debian's node-pg, for a node that does not look there itself.
+	export NODE_PATH=/usr/share/nodejs
+	node_ok=1
 elif ! command -v npm >/dev/null; then
 	fail "node example" "module pg not found and no npm to install it" \
 	    "(install Debian's node-pg, or npm and run npm ci in examples/node)"

@@ -156,6 +156,33 @@ else
 	else
 		fail "make install" "$problems"
 	fi
+	# An upgrade: the operator's config, its group and mode stay; the
+	# new sample goes beside it.
+	cfg="$dest/etc/outboxd/outboxd.yml"
+	echo "# the operator's" >"$cfg"
+	chgrp nogroup "$cfg" 2>/dev/null || true
+	group=$(stat -c %G "$cfg")
+	if ! out=$(pmake -s install DESTDIR="$dest" 2>&1); then
+		fail "make install again" "$out"
+	elif [ "$(cat "$cfg")" != "# the operator's" ] ||
+		[ "$(stat -c %G:%a "$cfg")" != "$group:640" ]; then
+		fail "make install again" "it replaced the config:" \
+			"$(stat -c %G:%a "$cfg") $(head -1 "$cfg")"
+	elif ! cmp -s "$dest/etc/outboxd/outboxd.yml.dist" config/outboxd.yml; then
+		fail "make install again" "no outboxd.yml.dist beside it"
+	else
+		pass "make install again keeps the config; the sample is .dist"
+	fi
+	# Uninstall: the program goes, the config stays.
+	if ! out=$(pmake -s uninstall DESTDIR="$dest" 2>&1); then
+		fail "make uninstall" "$out"
+	elif [ -e "$dest$prefix/bin/outboxd" ] ||
+		[ -e "$dest/lib/systemd/system/outboxd.service" ] ||
+		[ -e "$dest$prefix/share/outboxd" ] || [ ! -f "$cfg" ]; then
+		fail "make uninstall" "$(cd "$dest" && find . -type f)"
+	else
+		pass "make uninstall removes the program, keeps /etc/outboxd"
+	fi
 fi
 
 # --- checks that need the binary -------------------------------------------
