@@ -2,6 +2,8 @@
  * The operator's commands.  Each connects with the daemon's own
  * postgres settings, does one thing, prints a result and exits with a
  * code scripts can rely on: 0 ok, 1 runtime error, 2 usage error.
+ * Every command is called once without a store (s NULL) to check its
+ * arguments first: a usage error is 2 whether PostgreSQL answers or not.
  */
 #include "cli.h"
 
@@ -12,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "config_value.h"
 #include "store.h"
 
 #define EXIT_RUNTIME 1
@@ -32,6 +35,8 @@ cmd_migrate(struct store *s, int argc, char **argv)
 		fprintf(stderr, "usage: outboxd migrate\n");
 		return EXIT_USAGE;
 	}
+	if (s == NULL)
+		return 0;
 	if (store_migrate(s) == -1)
 		return fail(s);
 	printf("schema up to date\n");
@@ -48,6 +53,8 @@ cmd_status(struct store *s, int argc, char **argv)
 		fprintf(stderr, "usage: outboxd status\n");
 		return EXIT_USAGE;
 	}
+	if (s == NULL)
+		return 0;
 	if (store_counts(s, true, &c) == -1)
 		return fail(s);
 	printf("pending:          %" PRId64 "\n", c.pending);
@@ -103,6 +110,8 @@ cmd_dead(struct store *s, int argc, char **argv)
 		fprintf(stderr, "usage: outboxd dead [--limit N]\n");
 		return EXIT_USAGE;
 	}
+	if (s == NULL)
+		return 0;
 	printf("id\texchange\trouting_key\tbusiness_key\tattempts\t"
 	    "edit_time\tlast_error\n");
 	if (store_list_dead(s, (int)limit, print_dead, NULL) == -1)
@@ -127,6 +136,8 @@ cmd_replay(struct store *s, int argc, char **argv)
 		    argv[1]);
 		return EXIT_USAGE;
 	}
+	if (s == NULL)
+		return 0;
 	if (store_replay_dead(s, id, &n) == -1)
 		return fail(s);
 	printf("%" PRId64 " row%s replayed\n", n, n == 1 ? "" : "s");
@@ -139,12 +150,16 @@ cmd_purge(struct store *s, int argc, char **argv)
 {
 	int64_t age, n, total = 0;
 
+	/* A unit is required, as in the config: a bare 30 read as 30 ms
+	 * would purge every sent row. */
 	if (argc != 3 || strcmp(argv[1], "--older-than") != 0 ||
-	    duration_parse(argv[2], &age) == -1) {
+	    config_parse_duration(argv[2], &age) != 0) {
 		fprintf(stderr, "usage: outboxd purge --older-than DURATION "
-		    "(e.g. 7d, 12h)\n");
+		    "(with a unit: 7d, 12h, 30m)\n");
 		return EXIT_USAGE;
 	}
+	if (s == NULL)
+		return 0;
 	/* Chunks keep each transaction, and its locks, short. */
 	do {
 		if (store_purge_sent(s, age, 5000, &n) == -1)
@@ -177,6 +192,9 @@ cli_admin(const struct config *cfg, const char *command, int argc,
 	for (size_t i = 0; i < ARRAY_LEN(commands); i++) {
 		if (strcmp(command, commands[i].name) != 0)
 			continue;
+		rc = commands[i].fn(NULL, argc, argv);
+		if (rc != 0)
+			return rc;
 		s = store_new(&cfg->store);
 		if (store_connect(s) == -1)
 			rc = fail(s);

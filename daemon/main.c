@@ -427,6 +427,14 @@ main(int argc, char **argv)
 		}
 	}
 	if (optind < argc) {
+		/* -n is `check`: with another command after it, one of the
+		 * two would be ignored (it was -n, and the daemon ran). */
+		if (strcmp(command, "check") == 0 &&
+		    strcmp(argv[optind], "check") != 0) {
+			fprintf(stderr, "outboxd: -n checks the config; it "
+			    "cannot go with '%s'\n", argv[optind]);
+			return 2;
+		}
 		command = argv[optind];
 		if (strcmp(command, "backoff") != 0) {
 			int left = take_config_option(argc - optind,

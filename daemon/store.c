@@ -25,6 +25,9 @@
 	" AND current_retry_times < max_retry_times"
 
 /*
+ * Headers: a JSON object, or none (SQL NULL, or a JSON null, which is
+ * what drivers write for "no headers"); anything else makes the row bad.
+ *
  * The claim, in two forms: every due row (the leader, or any instance in
  * single-active mode), or only rows never tried (non-leaders, which leave
  * retries to the leader's compensation).  $2 turns per-key ordering on;
@@ -53,7 +56,8 @@
     "  d.backoff_factor, extract(epoch FROM d.create_time)::int8," \
     "  (SELECT c.content FROM t_transactional_message_content c" \
     "   WHERE c.message_id = d.id)," \
-    "  CASE WHEN d.headers IS NULL OR jsonb_typeof(d.headers) = 'object'" \
+    "  CASE WHEN d.headers IS NULL OR jsonb_typeof(d.headers) IN" \
+    "   ('object', 'null')" \
     "   THEN NULL ELSE 'headers must be a JSON object, not '" \
     "   || jsonb_typeof(d.headers) END," \
     "  h.keys, h.vals" \
@@ -130,7 +134,7 @@ struct store {
 	bool leader_lock_held;	/* session advisory lock, see below */
 	size_t n_prepared;	/* this session's statements made so far */
 	bool last_claim_full;	/* a backlog: plan the next claim afresh */
-	char error[512];
+	char error[1024];
 	/* Reused across batches so a steady flow allocates nothing. */
 	struct outbox_row *rows;
 	size_t rows_cap;
@@ -149,7 +153,7 @@ struct store {
 static void
 set_error(struct store *s, const char *what, const char *detail)
 {
-	char msg[400];
+	char msg[sizeof(s->error)];
 	size_t len;
 
 	snprintf(msg, sizeof(msg), "%s", detail ? detail : "");
@@ -590,6 +594,81 @@ apply_online(struct store *s, const struct migration *m)
 	return record_migration(s, m);
 }
 
+/*
+ * The tables' shape, checked around the migrations: 001 creates them IF
+ * NOT EXISTS, so an outbox table from before outboxd (the seed's, in a
+ * close translation) was taken as it was, and migrate said "schema up to
+ * date" while claims could never work.  Only what outboxd relies on is
+ * checked: every column, the types its SQL needs (NOT deleted, jsonb
+ * headers, interval backoff) and one content row per message (two make
+ * every claim fail).
+ */
+#define SCHEMA_PROBLEMS_SQL \
+	"WITH want(tbl, col, typ) AS (VALUES" \
+	" ('t_transactional_message', 'id', NULL)," \
+	" ('t_transactional_message', 'create_time', NULL)," \
+	" ('t_transactional_message', 'edit_time', NULL)," \
+	" ('t_transactional_message', 'editor', NULL)," \
+	" ('t_transactional_message', 'deleted', 'boolean')," \
+	" ('t_transactional_message', 'current_retry_times', NULL)," \
+	" ('t_transactional_message', 'max_retry_times', NULL)," \
+	" ('t_transactional_message', 'next_schedule_time', NULL)," \
+	" ('t_transactional_message', 'message_status', NULL)," \
+	" ('t_transactional_message', 'init_backoff', 'interval')," \
+	" ('t_transactional_message', 'backoff_factor', NULL)," \
+	" ('t_transactional_message', 'queue_name', NULL)," \
+	" ('t_transactional_message', 'exchange_name', NULL)," \
+	" ('t_transactional_message', 'exchange_type', NULL)," \
+	" ('t_transactional_message', 'routing_key', NULL)," \
+	" ('t_transactional_message', 'business_module', NULL)," \
+	" ('t_transactional_message', 'business_key', NULL)," \
+	" ('t_transactional_message', 'content_type', NULL)," \
+	" ('t_transactional_message', 'headers', 'jsonb')," \
+	" ('t_transactional_message', 'last_error', NULL)," \
+	" ('t_transactional_message_content', 'message_id', NULL)," \
+	" ('t_transactional_message_content', 'content', NULL))," \
+	" problem(text) AS (" \
+	"  SELECT w.tbl || '.' || w.col || CASE WHEN c.column_name IS NULL" \
+	"   THEN ' is missing' ELSE ' is ' || c.data_type || ', not '" \
+	"   || w.typ END" \
+	"  FROM want w LEFT JOIN information_schema.columns c" \
+	"   ON c.table_schema = current_schema() AND c.table_name = w.tbl" \
+	"   AND c.column_name = w.col" \
+	"  WHERE to_regclass(w.tbl) IS NOT NULL AND (c.column_name IS NULL" \
+	"   OR (w.typ IS NOT NULL AND c.data_type <> w.typ))" \
+	"  UNION ALL" \
+	"  SELECT 't_transactional_message_content.message_id has no unique" \
+	" index (two content rows for one message stop every claim)'" \
+	"  WHERE to_regclass('t_transactional_message_content') IS NOT NULL" \
+	"   AND NOT EXISTS (SELECT 1 FROM pg_index i JOIN pg_attribute a" \
+	"    ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]" \
+	"    WHERE i.indrelid = to_regclass('t_transactional_message_content')" \
+	"    AND i.indisunique AND i.indnatts = 1" \
+	"    AND a.attname = 'message_id'))" \
+	" SELECT string_agg(text, '; ' ORDER BY text) FROM problem"
+
+static int
+check_schema(struct store *s)
+{
+	PGresult *res = query(s, "migrate", SCHEMA_PROBLEMS_SQL, 0, NULL,
+	    PGRES_TUPLES_OK);
+	char msg[sizeof(s->error)];
+
+	if (res == NULL)
+		return -1;
+	if (PQgetisnull(res, 0, 0)) {
+		PQclear(res);
+		return 0;
+	}
+	strfmt(msg, sizeof(msg), "the outbox tables are not what outboxd "
+	    "needs (tables from before outboxd?): %s; change them as "
+	    "sql/001_outbox_tables.sql defines them, then migrate again",
+	    PQgetvalue(res, 0, 0));
+	PQclear(res);
+	set_error(s, "migrate", msg);
+	return -1;
+}
+
 int
 store_migrate(struct store *s)
 {
@@ -604,6 +683,8 @@ store_migrate(struct store *s)
 	if (exec_command(s, "CREATE TABLE IF NOT EXISTS outboxd_migrations ("
 	    "name text PRIMARY KEY,"
 	    " applied_at timestamptz NOT NULL DEFAULT now())") == -1)
+		goto unlock;
+	if (check_schema(s) == -1)
 		goto unlock;
 	for (const struct migration *m = migrations; m->name != NULL; m++) {
 		const char *params[1] = { m->name };
@@ -623,6 +704,8 @@ store_migrate(struct store *s)
 			goto unlock;
 		log_info("migration applied", "name=%s", m->name);
 	}
+	if (check_schema(s) == -1)
+		goto unlock;
 	rc = 0;
 unlock:
 	/* Failed or not, the session lets go of the lock; a lost session
@@ -1122,12 +1205,16 @@ store_counts(struct store *s, bool count_sent, struct store_counts *c)
 	    " count(*) FILTER (WHERE coalesce(next_schedule_time,"
 	    "  '-infinity'::timestamptz) <= now()"
 	    "  AND current_retry_times < max_retry_times),"
-	    " coalesce(extract(epoch FROM now() - min(coalesce("
-	    "  next_schedule_time, create_time)) FILTER (WHERE"
+	    /* Due since its schedule; without one (NULL, or '-infinity',
+	     * which failed the subtraction and froze the leader's gauges
+	     * with it), since it was written. */
+	    " coalesce(extract(epoch FROM now() - min(CASE WHEN"
+	    "  isfinite(next_schedule_time) THEN next_schedule_time"
+	    "  ELSE create_time END) FILTER (WHERE"
 	    "  coalesce(next_schedule_time, '-infinity'::timestamptz) <= now()"
 	    "  AND current_retry_times < max_retry_times)), 0)::float8,"
 	    " (SELECT count(*) FROM t_transactional_message"
-	    "  WHERE message_status = 3)"
+	    "  WHERE message_status = 3 AND NOT deleted)"
 	    " FROM t_transactional_message"
 	    " WHERE message_status IN (0, 2) AND NOT deleted",
 	    0, NULL, PGRES_TUPLES_OK);
@@ -1207,7 +1294,10 @@ store_replay_dead(struct store *s, int64_t id, int64_t *n)
 	    " next_schedule_time = now(), edit_time = now(),"
 	    " editor = 'outboxd replay',"
 	    " max_retry_times = greatest(max_retry_times, 1)"
-	    " WHERE message_status = 3 AND ($1::int8 = 0 OR id = $1::int8)",
+	    /* A deleted row stays dead: replayed, it would be
+	     * PENDING yet never sent, and counted nowhere. */
+	    " WHERE message_status = 3 AND NOT deleted"
+	    " AND ($1::int8 = 0 OR id = $1::int8)",
 	    1, params, n) == -1)
 		return -1;
 	/* Replayed rows are due now: wake the relays rather than wait for
@@ -1232,7 +1322,8 @@ store_list_dead(struct store *s, int limit,
 	    " to_char(edit_time, 'YYYY-MM-DD\"T\"HH24:MI:SSOF'),"
 	    " coalesce(last_error, '')"
 	    " FROM t_transactional_message WHERE message_status = 3"
-	    " ORDER BY id DESC LIMIT $1::int4", 1, params, PGRES_TUPLES_OK);
+	    " AND NOT deleted ORDER BY id DESC LIMIT $1::int4", 1, params,
+	    PGRES_TUPLES_OK);
 	if (res == NULL)
 		return -1;
 	for (int i = 0; i < PQntuples(res); i++) {

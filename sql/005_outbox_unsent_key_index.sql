@@ -3,9 +3,20 @@
 -- claim itself and sorted the whole backlog per batch (docs/PERFORMANCE.md);
 -- the ordering check only ever looks up rows with a key, and
 -- "business_key = …" proves "business_key IS NOT NULL", so it still fits.
+-- Only when the index is not the narrow one yet: the psql recipe runs every
+-- file again at each upgrade, and a rebuild holds producers' inserts back.
 
-DROP INDEX IF EXISTS t_transactional_message_unsent_key_idx;
-CREATE INDEX t_transactional_message_unsent_key_idx
-    ON t_transactional_message (business_key, id)
-    WHERE message_status IN (0, 2) AND NOT deleted
-      AND business_key IS NOT NULL;
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_indexes
+        WHERE schemaname = current_schema()
+          AND indexname = 't_transactional_message_unsent_key_idx'
+          AND indexdef LIKE '%business_key IS NOT NULL%') THEN
+        DROP INDEX IF EXISTS t_transactional_message_unsent_key_idx;
+        CREATE INDEX t_transactional_message_unsent_key_idx
+            ON t_transactional_message (business_key, id)
+            WHERE message_status IN (0, 2) AND NOT deleted
+              AND business_key IS NOT NULL;
+    END IF;
+END
+$$;

@@ -500,9 +500,13 @@ START_TEST(test_headers_not_an_object)
 	    "SELECT outbox_enqueue('', '" GOOD "', 'x', business_key => "
 	    "'headers-array', headers => '[1,2]');"
 	    "SELECT outbox_enqueue('', '" GOOD "', 'x', business_key => "
-	    "'headers-string', headers => '\"tenant\"')");
+	    "'headers-string', headers => '\"tenant\"');"
+	    /* A JSON null is what drivers write for no headers. */
+	    "SELECT outbox_enqueue('', '" GOOD "', 'x', business_key => "
+	    "'headers-null', headers => 'null')");
 	assert_row("headers-array", 3, 1, "headers must be a JSON object");
 	assert_row("headers-string", 3, 1, "headers must be a JSON object");
+	assert_row("headers-null", 1, 0, NULL);
 	assert_good_delivered();
 	assert_still_serving(pid);
 }

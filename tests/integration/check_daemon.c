@@ -1493,6 +1493,135 @@ wait_migrate(pid_t pid)
 	return rc;
 }
 
+/*
+ * Rows that are odd but legal: a schedule of '-infinity' (the due index
+ * reads NULL as that) made `status`, and with it the leader's gauges,
+ * fail on "cannot subtract infinite timestamps"; a DEAD row someone
+ * soft-deleted was listed, counted, and "replayed" into a PENDING row
+ * that is never sent.  Usage errors say 2 before any connection.
+ */
+START_TEST(test_cli_odd_rows_and_usage)
+{
+	static char out[65536], err[65536];
+	char cfg[512], bad[512];
+
+	tl_sql(db, "INSERT INTO t_transactional_message (queue_name, "
+	    "next_schedule_time) VALUES ('dmn.odd', '-infinity')");
+	tl_sql(db, "INSERT INTO t_transactional_message (queue_name, "
+	    "message_status, deleted, last_error) VALUES ('dmn.odd', 3, true, "
+	    "'cancelled by the app')");
+	tl_config_write(cfg, sizeof(cfg), NULL);
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    cfg, "status", NULL), 0);
+	ck_assert_int_eq(status_value(out, "due now:"), 1);
+	ck_assert_int_eq(status_value(out, "dead:"), 0);
+	ck_assert(status_value(out, "oldest due age:") < 60);
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    cfg, "dead", NULL), 0);
+	ck_assert_msg(strstr(out, "cancelled") == NULL, "%s", out);
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    cfg, "replay", "--all", NULL), 0);
+	ck_assert_str_eq(out, "0 rows replayed\n");
+	ck_assert_int_eq(tl_sql_int(db, "SELECT count(*) FROM "
+	    "t_transactional_message WHERE deleted AND message_status = 3"), 1);
+	/* A bare number is no duration: 30 meant 30 ms and purged every
+	 * sent row. */
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    cfg, "purge", "--older-than", "30", NULL), 2);
+	ck_assert_msg(strstr(err, "with a unit") != NULL, "%s", err);
+	/* With PostgreSQL unreachable, a usage error is still 2. */
+	snprintf(bad, sizeof(bad), "%s/nopg-%d.yml", tl_env("OUTBOXD_SERVERS_DIR"),
+	    (int)getpid());
+	spit(bad, "postgres:\n  conninfo: \"host=127.0.0.1 port=1 "
+	    "dbname=x connect_timeout=2\"\n", 0600);
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    bad, "dead", "5", NULL), 2);
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    bad, "status", NULL), 1);
+}
+END_TEST
+
+/*
+ * An outbox table from before outboxd, in a close translation of the
+ * seed's (deleted as a number; no content_type, headers or last_error;
+ * no unique message_id on the content): 001 creates its tables only IF
+ * NOT EXISTS, and migrate used to go on, or say "schema up to date",
+ * while no claim could work.  It now says what is wrong, and exits 1.
+ */
+START_TEST(test_migrate_refuses_a_seed_table)
+{
+	char cfg[512], yaml[1024], out[4096], err[4096];
+
+	tl_sql(db, "DROP SCHEMA IF EXISTS dmn_seed CASCADE");
+	tl_sql(db, "CREATE SCHEMA dmn_seed");
+	tl_sql(db, "CREATE TABLE dmn_seed.t_transactional_message (id bigserial "
+	    "PRIMARY KEY, create_time timestamptz NOT NULL DEFAULT now(), "
+	    "edit_time timestamptz NOT NULL DEFAULT now(), creator varchar(64), "
+	    "editor varchar(64), deleted smallint NOT NULL DEFAULT 0, "
+	    "current_retry_times smallint NOT NULL DEFAULT 0, max_retry_times "
+	    "smallint NOT NULL DEFAULT 5, next_schedule_time timestamptz, "
+	    "message_status smallint NOT NULL DEFAULT 0, init_backoff interval "
+	    "NOT NULL DEFAULT '10s', backoff_factor float8 NOT NULL DEFAULT 2, "
+	    "queue_name varchar(255), exchange_name varchar(255), exchange_type "
+	    "varchar(32), routing_key varchar(255), business_module varchar(64),"
+	    " business_key varchar(255))");
+	tl_sql(db, "CREATE TABLE dmn_seed.t_transactional_message_content (id "
+	    "bigserial PRIMARY KEY, message_id bigint NOT NULL, content text)");
+	snprintf(yaml, sizeof(yaml), "postgres:\n  conninfo: \"%s "
+	    "options=-csearch_path=dmn_seed\"\n", tl_env("OUTBOXD_PG_CONNINFO"));
+	snprintf(cfg, sizeof(cfg), "%s/seed-%d.yml", tl_env("OUTBOXD_SERVERS_DIR"),
+	    (int)getpid());
+	spit(cfg, yaml, 0600);
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err), cfg,
+	    "migrate", NULL), 1);
+	ck_assert_msg(strstr(err, "not what outboxd needs") != NULL, "%s", err);
+	ck_assert_msg(strstr(err, "t_transactional_message.deleted is smallint, "
+	    "not boolean") != NULL, "%s", err);
+	ck_assert_msg(strstr(err, "t_transactional_message.content_type is "
+	    "missing") != NULL, "%s", err);
+	ck_assert_msg(strstr(err, "message_id has no unique index") != NULL,
+	    "%s", err);
+	ck_assert_ptr_null(strstr(out, "schema up to date"));
+	/* Nothing was recorded as applied. */
+	ck_assert_int_eq(tl_sql_int(db, "SELECT count(*) FROM "
+	    "dmn_seed.outboxd_migrations"), 0);
+	tl_sql(db, "DROP SCHEMA dmn_seed CASCADE");
+}
+END_TEST
+
+/*
+ * OPERATIONS.md's psql recipe runs every sql/ file again at each
+ * upgrade.  005 dropped and rebuilt its index each time, in a
+ * transaction that held producers' inserts back; it now leaves the
+ * narrow index it made alone (the same index, by its oid).
+ */
+START_TEST(test_migration_005_runs_again_cheaply)
+{
+	const char *src = getenv("OUTBOXD_SRCDIR");
+	char path[512], *sql;
+	long long before;
+
+	snprintf(path, sizeof(path), "%s/sql/005_outbox_unsent_key_index.sql",
+	    src ? src : ".");
+	sql = slurp(path);
+	before = tl_sql_int(db, "SELECT 't_transactional_message_unsent_key_"
+	    "idx'::regclass::oid::int8");
+	tl_sql(db, "%s", sql);
+	ck_assert_int_eq(tl_sql_int(db, "SELECT 't_transactional_message_"
+	    "unsent_key_idx'::regclass::oid::int8"), before);
+	/* The wide index of 004 is narrowed, as on the first run. */
+	tl_sql(db, "DROP INDEX t_transactional_message_unsent_key_idx");
+	tl_sql(db, "CREATE INDEX t_transactional_message_unsent_key_idx ON "
+	    "t_transactional_message (business_key, id) WHERE message_status "
+	    "IN (0, 2) AND NOT deleted");
+	tl_sql(db, "%s", sql);
+	ck_assert_int_eq(tl_sql_int(db, "SELECT count(*) FROM pg_indexes "
+	    "WHERE indexname = 't_transactional_message_unsent_key_idx' AND "
+	    "indexdef LIKE '%%business_key IS NOT NULL%%'"), 1);
+	free(sql);
+}
+END_TEST
+
 /* A producer's insert, bounded: it must not queue behind the build. */
 static void
 assert_insert_goes_through(void)
@@ -2234,6 +2363,9 @@ main(void)
 	tcase_add_test(tc, test_check_config_and_usage);
 	tcase_add_test(tc, test_cli_status_dead_replay_purge_migrate);
 	tcase_add_test(tc, test_migrate_builds_indexes_online);
+	tcase_add_test(tc, test_migration_005_runs_again_cheaply);
+	tcase_add_test(tc, test_migrate_refuses_a_seed_table);
+	tcase_add_test(tc, test_cli_odd_rows_and_usage);
 	tcase_add_test(tc, test_metrics_and_health);
 	tcase_add_test(tc, test_http_port_taken);
 	tcase_add_test(tc, test_systemd_notifications);
