@@ -216,8 +216,10 @@ run: deps
 	@. .run/env.sh && $(B)/outboxd migrate -c .run/outboxd.yml && \
 		exec $(B)/outboxd run -c .run/outboxd.yml
 
+# Nothing to stop without .run (or with a link a reboot left dangling);
+# servers.sh would make a .run directory here, which make run then keeps.
 stop:
-	@tests/servers.sh stop .run
+	@if [ -d .run ]; then tests/servers.sh stop .run; fi
 
 install: $(B)/outboxd
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/outboxd/sql \

@@ -194,12 +194,16 @@ bk_rpc_outcome(struct broker *b, amqp_channel_t ch, amqp_rpc_reply_t r,
 		if (r.reply.id == AMQP_CONNECTION_CLOSE_METHOD) {
 			/* The broker's answer to this command, fatal to the
 			 * whole connection (503 for an exchange type it does
-			 * not know): the reason goes to the caller too. */
+			 * not know): the reason goes to the caller too.  Not
+			 * for a close that only happened to arrive now (320
+			 * CONNECTION_FORCED at a node's shutdown, 541). */
 			conn_close = r.reply.decoded;
-			strfmt(reason, size, "%.*s (%u)",
-			    (int)conn_close->reply_text.len,
-			    (const char *)conn_close->reply_text.bytes,
-			    conn_close->reply_code);
+			if (conn_close->reply_code == AMQP_COMMAND_INVALID ||
+			    conn_close->reply_code == AMQP_NOT_IMPLEMENTED)
+				strfmt(reason, size, "%.*s (%u)",
+				    (int)conn_close->reply_text.len,
+				    (const char *)conn_close->reply_text.bytes,
+				    conn_close->reply_code);
 			return bk_conn_closed_by_broker(b, conn_close);
 		}
 		if (r.reply.id != AMQP_CHANNEL_CLOSE_METHOD)

@@ -119,8 +119,9 @@ int bk_channel_close_ok(struct broker *, amqp_channel_t ch);
 /* A method on channel 0 (close, blocked, unblocked); -1: lost. */
 int bk_conn_method(struct broker *, const amqp_method_t *) WARN_UNUSED;
 /* An RPC's reply: 0 done; 1 refused, channel closed (reason set); -1
- * the connection is gone (reason set when the broker closed it in
- * answer to this command, empty otherwise). */
+ * the connection is gone (reason set when the broker closed it because
+ * of this command: 503 COMMAND_INVALID, 540 NOT_IMPLEMENTED; empty
+ * otherwise). */
 int bk_rpc_outcome(struct broker *, amqp_channel_t ch, amqp_rpc_reply_t r,
     const char *what, char *reason, size_t size) WARN_UNUSED;
 struct timeval bk_ms_to_tv(int64_t ms);

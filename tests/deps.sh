@@ -27,12 +27,18 @@ for p in "${packages[@]}"; do
 	installed "$p" || missing+=("$p")
 done
 # The Node.js example needs the pg module: Debian's nodejs comes without
-# npm, so take Debian's node-pg there.  A nodejs from elsewhere (one that
+# npm, so take Debian's node-pg with it.  A nodejs from elsewhere (one that
 # brings npm, like NodeSource's) conflicts with node-pg; the example's
-# test installs pg with npm instead.
+# test installs pg with npm instead.  Only with a nodejs installed now: a
+# machine that has everything else must not need root for this alone.
 if ! command -v npm >/dev/null && ! installed node-pg &&
 	! apt-cache policy nodejs 2>/dev/null | grep -q nodesource; then
-	missing+=(node-pg)
+	if [[ " ${missing[*]} " == *" nodejs "* ]]; then
+		missing+=(node-pg)
+	else
+		echo "deps.sh: the Node.js example's test needs Debian's" \
+			"node-pg (apt-get install node-pg)" >&2
+	fi
 fi
 [ ${#missing[@]} -eq 0 ] && exit 0
 

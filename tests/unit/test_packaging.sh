@@ -185,6 +185,26 @@ else
 	fi
 fi
 
+# --- make stop without servers ---------------------------------------------
+# No .run, or one left dangling by a reboot: nothing to stop, exit 0, and no
+# .run directory made in its place (make run would then keep it, inside a
+# home PostgreSQL's own user may not enter).
+mkdir -p "$tmp/stop/none" "$tmp/stop/dangling"
+ln -s "$tmp/stop/gone" "$tmp/stop/dangling/.run"
+stop_problems=
+for d in none dangling; do
+	if ! out=$(pmake -s -f "$PWD/Makefile" -C "$tmp/stop/$d" stop 2>&1); then
+		stop_problems="$stop_problems $d:$out"
+	elif [ -d "$tmp/stop/$d/.run" ]; then
+		stop_problems="$stop_problems $d:made-.run"
+	fi
+done
+if [ -z "$stop_problems" ]; then
+	pass "make stop without servers (no .run, or a dangling link) exits 0"
+else
+	fail "make stop" "$stop_problems"
+fi
+
 # --- checks that need the binary -------------------------------------------
 if [ ! -x "$BIN" ]; then
 	fail "outboxd check config/outboxd.yml" "no binary at $BIN (run make)"
