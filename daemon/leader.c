@@ -105,23 +105,33 @@ set_leader(struct leader *l, bool is_leader, enum leader_backend backend)
 	l->backend = is_leader ? backend : LEADER_BACKEND_NONE;
 }
 
-/* Leadership through PostgreSQL's advisory lock, on the store session. */
-static void
-seek_postgres_leadership(struct leader *l)
+/* Takes the advisory lock if it can: 1 held, 0 another instance holds
+ * it, -1 no store session (and so no leader work) or the try failed
+ * (logged). */
+static int
+hold_advisory_lock(struct leader *l)
 {
 	bool held = false;
 
+	if (!store_connected(l->store))
+		return -1;
+	if (store_try_leader_lock(l->store, &held) == -1) {
+		log_warn("advisory lock failed", "error=%s",
+		    log_quote((char[600]){ 0 }, 600, store_error(l->store)));
+		return -1;
+	}
+	return held ? 1 : 0;
+}
+
+/* Leadership through PostgreSQL's advisory lock, on the store session.
+ * The relay keeps the session up, also in single-active standby. */
+static void
+seek_postgres_leadership(struct leader *l)
+{
 	l->fenced = false;
 	l->election = store_connected(l->store) ? LEADER_BACKEND_POSTGRES :
 	    LEADER_BACKEND_NONE;
-	/* The relay keeps the session up, also in single-active standby. */
-	if (store_connected(l->store) &&
-	    store_try_leader_lock(l->store, &held) == -1) {
-		log_warn("advisory lock failed", "error=%s",
-		    log_quote((char[600]){ 0 }, 600, store_error(l->store)));
-		held = false;
-	}
-	set_leader(l, held, LEADER_BACKEND_POSTGRES);
+	set_leader(l, hold_advisory_lock(l) == 1, LEADER_BACKEND_POSTGRES);
 }
 
 /* Whether the holder of the Redis key also holds the advisory lock,
@@ -129,15 +139,11 @@ seek_postgres_leadership(struct leader *l)
 static bool
 advisory_lock_too(struct leader *l)
 {
-	bool held = false;
+	int rc = hold_advisory_lock(l);
+	bool held = rc == 1;
 
-	if (!store_connected(l->store))
-		return false;	/* no session: no leader work either */
-	if (store_try_leader_lock(l->store, &held) == -1) {
-		log_warn("advisory lock failed", "error=%s",
-		    log_quote((char[600]){ 0 }, 600, store_error(l->store)));
+	if (rc == -1)
 		return false;
-	}
 	if (!held && !l->fenced)
 		log_warn("leader lock held, but another instance holds the "
 		    "postgres advisory lock: not leading until it lets go",
