@@ -141,6 +141,39 @@ bound_stuck_sends(struct broker *b, bool on)
 		    sizeof(ms));
 }
 
+/*
+ * A broker host that dies or drops off the network sends nothing, not
+ * even a reset.  A relay in the middle of a batch notices at the
+ * confirm timeout, but an idle relay, or one the broker blocks under an
+ * alarm (TCP_USER_TIMEOUT off, heartbeats off by default), would wait
+ * on that connection for the kernel's keepalive default: two hours and
+ * more.  These probes, the same as the PostgreSQL sessions', find the
+ * dead peer within 25 s; a live broker's kernel answers them, so a
+ * blocked connection lives on.  (While a batch too big for the
+ * broker's socket buffer waits in its shut window, the kernel's window
+ * probes take over: about 15 minutes with tcp_retries2 = 15.)
+ */
+#define KEEPALIVE_IDLE_S 10
+#define KEEPALIVE_INTERVAL_S 5
+#define KEEPALIVE_PROBES 3
+
+static void
+probe_idle_connection(struct broker *b)
+{
+	int fd = b->conn != NULL ? amqp_get_sockfd(b->conn) : -1;
+	int on = 1, idle = KEEPALIVE_IDLE_S, interval = KEEPALIVE_INTERVAL_S,
+	    probes = KEEPALIVE_PROBES;
+
+	if (fd < 0)
+		return;
+	(void)setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof(on));
+	(void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+	(void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval,
+	    sizeof(interval));
+	(void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes,
+	    sizeof(probes));
+}
+
 /* Channel 0: the connection itself. */
 int WARN_UNUSED
 bk_conn_method(struct broker *b, const amqp_method_t *m)
@@ -330,7 +363,6 @@ tcp_try(const struct addrinfo *ai, int64_t deadline, char *err, size_t size)
 	/* What rabbitmq-c's own open sets up: it expects a non-blocking
 	 * socket (it polls with its own timeouts) and no Nagle delay. */
 	(void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-	(void)setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
 	if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0)
 		return fd;
 	if (errno != EINPROGRESS)
@@ -610,6 +642,7 @@ connect_node(struct broker *b, const struct broker_node *node)
 		return -1;
 	}
 	bound_stuck_sends(b, true);
+	probe_idle_connection(b);
 	/* bk_ensure_channels() drops the connection itself on failure. */
 	return bk_ensure_channels(b, now_mono_ms() + bk_connect_ms(b));
 }

@@ -6,6 +6,7 @@
 #include <check.h>
 #include <inttypes.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -846,6 +847,46 @@ START_TEST(test_tick_keeps_idle_connection)
 }
 END_TEST
 
+static int
+sockopt(int fd, int level, int name)
+{
+	int v = -1;
+	socklen_t len = sizeof(v);
+
+	ck_assert_msg(getsockopt(fd, level, name, &v, &len) == 0,
+	    "getsockopt(%d, %d)", level, name);
+	return v;
+}
+
+/*
+ * A dead broker host sends nothing, and a blocked relay sends nothing
+ * either: only keepalive probes can tell, and the kernel's default
+ * waits 2 h 11 min.  The probes must give up within a minute.
+ */
+START_TEST(test_dead_peer_found_within_a_minute)
+{
+	struct broker_conf conf;
+	struct broker *b;
+	int fd, idle, interval, probes;
+
+	conf_init(&conf);
+	conf.heartbeat_s = 0;
+	b = connected(&conf);
+	fd = broker_socket(b);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(sockopt(fd, SOL_SOCKET, SO_KEEPALIVE), 1);
+	idle = sockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE);
+	interval = sockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL);
+	probes = sockopt(fd, IPPROTO_TCP, TCP_KEEPCNT);
+	ck_assert_msg(idle >= 1 && interval >= 1 && probes >= 1 &&
+	    idle + interval * probes <= 60, "keepalive %d s + %d x %d s",
+	    idle, probes, interval);
+	/* The probes are the kernel's: the connection still works. */
+	ck_assert(broker_tick(b) == 0);
+	broker_free(b);
+}
+END_TEST
+
 START_TEST(test_confirm_timeout)
 {
 	struct broker_conf conf;
@@ -946,6 +987,7 @@ broker_suite(void)
 	/* Last: these freeze and kill the broker. */
 	tcase_set_timeout(loss, 120);
 	tcase_add_test(loss, test_tick_keeps_idle_connection);
+	tcase_add_test(loss, test_dead_peer_found_within_a_minute);
 	tcase_add_test(loss, test_confirm_timeout);
 	tcase_add_test(loss, test_broker_killed);
 	suite_add_tcase(s, loss);
