@@ -235,6 +235,11 @@ struct loader {
 	struct problem *probs;
 	size_t n_probs, cap_probs;
 	struct seen seen[N_KEYS];
+	/* While checking a value written through an alias (key: *name):
+	 * the alias's place, where problems are reported, and the line of
+	 * its anchor, where the value's text is. */
+	const yaml_mark_t *alias_at;
+	unsigned long anchor_line;
 };
 
 static bool
@@ -256,6 +261,13 @@ problem(struct loader *L, const yaml_mark_t *mark, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(buf, sizeof(buf), fmt, ap);
 	va_end(ap);
+	if (L->alias_at != NULL) {
+		size_t len = strlen(buf);
+
+		mark = L->alias_at;
+		snprintf(buf + len, sizeof(buf) - len, " (through an alias; "
+		    "the anchor is at line %lu)", L->anchor_line);
+	}
 	if (L->n_probs == L->cap_probs) {
 		L->cap_probs = L->cap_probs ? L->cap_probs * 2 : 8;
 		L->probs = xrealloc(L->probs,
@@ -782,8 +794,43 @@ nodes_from_list(struct loader *L, const struct key *k, yaml_node_t *list,
 	*ok = true;
 }
 
+/*
+ * libyaml's document keeps no place for an alias: its value node is the
+ * anchor's, written before the key (an alias cannot point forward).
+ * Problems in such a value are reported at the key, naming the anchor's
+ * line.  Returns whether it set that up, for alias_done().
+ */
+static bool
+alias_enter(struct loader *L, const yaml_node_t *kn, const yaml_node_t *vn)
+{
+	if (L->alias_at != NULL || vn->start_mark.index >= kn->start_mark.index)
+		return false;
+	L->alias_at = &kn->start_mark;
+	L->anchor_line = (unsigned long)vn->start_mark.line + 1;
+	return true;
+}
+
+static void
+alias_done(struct loader *L, bool entered)
+{
+	if (entered)
+		L->alias_at = NULL;
+}
+
+static void key_check(struct loader *, int ki, yaml_node_t *kn,
+    yaml_node_t *vn);
+
 static void
 key_set(struct loader *L, int ki, yaml_node_t *kn, yaml_node_t *vn)
+{
+	bool alias = alias_enter(L, kn, vn);
+
+	key_check(L, ki, kn, vn);
+	alias_done(L, alias);
+}
+
+static void
+key_check(struct loader *L, int ki, yaml_node_t *kn, yaml_node_t *vn)
 {
 	const struct key *k = &cfg_keys[ki];
 	struct seen *sn = &L->seen[ki];
@@ -802,7 +849,7 @@ key_set(struct loader *L, int ki, yaml_node_t *kn, yaml_node_t *vn)
 	}
 	sn->present = true;
 	sn->key_mark = kn->start_mark;
-	sn->val_mark = vn->start_mark;
+	sn->val_mark = L->alias_at != NULL ? *L->alias_at : vn->start_mark;
 	if (vn->type == YAML_SEQUENCE_NODE && k->type == T_NODES) {
 		nodes_from_list(L, k, vn, &ok);
 		sn->given = ok;
@@ -886,11 +933,14 @@ walk(struct loader *L, yaml_node_t *map, const char *prefix)
 		if (ki >= 0) {
 			key_set(L, ki, kn, vn);
 		} else if (is_section(path)) {
+			bool alias = alias_enter(L, kn, vn);
+
 			if (vn->type == YAML_MAPPING_NODE)
 				walk(L, vn, path);
 			else if (!is_null(vn))
 				problem(L, &vn->start_mark, "%s: expected a "
 				    "mapping, got %s", path, node_kind(vn));
+			alias_done(L, alias);
 		} else if (suggest(prefix, name, hint, sizeof(hint))) {
 			problem(L, &kn->start_mark, "unknown key %s (did you "
 			    "mean \"%s\"?)", config_echo(q, sizeof(q), path), hint);
