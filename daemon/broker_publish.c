@@ -22,6 +22,11 @@
 #define DRAIN_BYTES (64 * 1024)
 #define SHORTSTR_MAX 255	/* AMQP short strings: names, keys */
 #define DEFAULT_CONTENT_TYPE "application/octet-stream"
+/* Exchanges remembered per connection.  A producer with an exchange per
+ * tenant must not grow the cache, and the linear search in it, without
+ * end: beyond this the cache starts again, at one exchange.declare per
+ * exchange. */
+#define XCACHE_MAX 256
 
 /* ---- the exchange cache ------------------------------------------------ */
 
@@ -54,6 +59,8 @@ xcache_put(struct broker *b, const char *name, const char *type, bool ok,
 		}
 	}
 	if (x == NULL) {
+		if (b->n_xs == XCACHE_MAX)
+			bk_xcache_clear(b);
 		if (b->n_xs == b->cap_xs) {
 			b->cap_xs = b->cap_xs ? b->cap_xs * 2 : 16;
 			b->xs = xrealloc(b->xs, b->cap_xs * sizeof(*b->xs));

@@ -856,6 +856,29 @@ decode_headers(struct store *s, int i)
 	return nk;
 }
 
+/*
+ * RabbitMQ routes a message also to the routing keys listed in its CC
+ * and BCC headers, and closes the channel on any other type there.
+ * outboxd sends header values as strings, so such a row can only fail,
+ * and each channel close sends the batch's unconfirmed window again:
+ * refused here, before the broker sees it.  NULL: no such header.
+ */
+static const char *
+routing_header_error(const struct outbox_row *r)
+{
+	for (size_t k = 0; k < r->n_headers; k++) {
+		if (strcmp(r->header_keys[k], "CC") == 0)
+			return "headers: \"CC\" is RabbitMQ's sender-selected "
+			    "routing, which takes a list of routing keys, not "
+			    "the string outboxd sends";
+		if (strcmp(r->header_keys[k], "BCC") == 0)
+			return "headers: \"BCC\" is RabbitMQ's sender-selected "
+			    "routing, which takes a list of routing keys, not "
+			    "the string outboxd sends";
+	}
+	return NULL;
+}
+
 static void
 fill_row(struct store *s, int i, struct outbox_row *r)
 {
@@ -922,6 +945,8 @@ fill_rows(struct store *s, struct store_batch *batch)
 			continue;
 		r->header_keys = &s->header_ptrs[s->hdr_base[i]];
 		r->header_values = r->header_keys + r->n_headers;
+		if (r->row_error == NULL)
+			r->row_error = routing_header_error(r);
 	}
 	batch->rows = s->rows;
 	batch->n = n;

@@ -512,6 +512,35 @@ START_TEST(test_headers_not_an_object)
 }
 END_TEST
 
+/*
+ * CC and BCC are RabbitMQ's sender-selected routing: the broker wants a
+ * list of routing keys there and closes the channel on the string
+ * outboxd would send, taking the batch's unconfirmed rows with it (sent
+ * again: duplicates) at every retry.  Refused unsent, DEAD at once; the
+ * same names in another case are plain headers.
+ */
+START_TEST(test_routing_headers_refused)
+{
+	pid_t pid = start_with(BASE_YAML,
+	    "SELECT outbox_enqueue('', '" GOOD "', 'x', business_key => "
+	    "'header-cc', headers => '{\"tenant\": \"a\", \"CC\": \"b\"}');"
+	    "SELECT outbox_enqueue('', '" GOOD "', 'x', business_key => "
+	    "'header-bcc', headers => '{\"BCC\": \"b\"}');"
+	    "SELECT outbox_enqueue('', '" GOOD "', 'x', business_key => "
+	    "'header-cc-lower', headers => '{\"cc\": \"b\", "
+	    "\"Bcc\": \"c\"}')");
+	long long dups;
+
+	assert_row("header-cc", 3, 1, "headers: \"CC\" is RabbitMQ's "
+	    "sender-selected routing");
+	assert_row("header-bcc", 3, 1, "headers: \"BCC\"");
+	assert_row("header-cc-lower", 1, 0, NULL);
+	dups = assert_good_delivered();
+	ck_assert_msg(dups == 0, "%lld good rows sent twice", dups);
+	assert_still_serving(pid);
+}
+END_TEST
+
 /* Content that is not UTF-8 (with a NUL too): delivered byte for byte. */
 START_TEST(test_non_utf8_content)
 {
@@ -715,6 +744,7 @@ main(void)
 	tcase_add_test(tc, test_max_retry_times_zero);
 	tcase_add_test(tc, test_null_next_schedule_time);
 	tcase_add_test(tc, test_headers_not_an_object);
+	tcase_add_test(tc, test_routing_headers_refused);
 	tcase_add_test(tc, test_non_utf8_content);
 	tcase_add_test(tc, test_broker_text_cut_mid_character);
 	tcase_add_test(tc, test_unknown_exchange_type);
