@@ -266,13 +266,22 @@ bk_ms_to_tv(int64_t ms)
 	return tv;
 }
 
+/* Time left until deadline: at least 1 ms, so that a step begun just
+ * before the deadline fails on its own terms. */
+static int64_t
+left_ms(int64_t deadline)
+{
+	int64_t left = deadline - now_mono_ms();
+
+	return left > 1 ? left : 1;
+}
+
 /* Bounds the next RPCs: rabbitmq-c closes the socket when one times
  * out, which is what a stuck broker deserves. */
 void
 bk_rpc_deadline(struct broker *b, int64_t deadline)
 {
-	int64_t left = deadline - now_mono_ms();
-	struct timeval tv = bk_ms_to_tv(left > 0 ? left : 1);
+	struct timeval tv = bk_ms_to_tv(left_ms(deadline));
 
 	(void)amqp_set_rpc_timeout(b->conn, &tv);
 }
@@ -524,15 +533,16 @@ tls_open_hint(int st, const char *host)
 
 /* Gives b->conn an open socket to node. */
 static int WARN_UNUSED
-open_socket(struct broker *b, const struct broker_node *node)
+open_socket(struct broker *b, const struct broker_node *node,
+    int64_t deadline)
 {
-	struct timeval tv = bk_ms_to_tv(bk_connect_ms(b));
+	struct timeval tv = bk_ms_to_tv(left_ms(deadline));
 	amqp_socket_t *sock;
 	char why[200];
 	int fd, st;
 
 	if (!b->conf.tls) {
-		fd = tcp_connect(node->host, node->port, bk_connect_ms(b), why,
+		fd = tcp_connect(node->host, node->port, left_ms(deadline), why,
 		    sizeof(why));
 		if (fd == -1) {
 			bk_set_err(b, "%s", why);
@@ -566,7 +576,7 @@ open_socket(struct broker *b, const struct broker_node *node)
 }
 
 static int WARN_UNUSED
-login(struct broker *b)
+login(struct broker *b, int64_t deadline)
 {
 	const struct broker_conf *c = &b->conf;
 	/* rabbitmq-c 0.11 does not ask for connection.blocked itself;
@@ -587,7 +597,7 @@ login(struct broker *b)
 		      .value.table = { 1, &caps_entry } } },
 	};
 	amqp_table_t props = { (int)ARRAY_LEN(entries), entries };
-	struct timeval tv = bk_ms_to_tv(bk_connect_ms(b));
+	struct timeval tv = bk_ms_to_tv(left_ms(deadline));
 	amqp_rpc_reply_t r;
 	const amqp_connection_close_t *m;
 
@@ -631,20 +641,25 @@ login(struct broker *b)
 static int WARN_UNUSED
 connect_node(struct broker *b, const struct broker_node *node)
 {
+	/* rabbitmq.connect_timeout bounds the whole attempt (socket, TLS,
+	 * login, channels), not each step: a node that answers slowly must
+	 * not hold the relay, and the watchdog, for several timeouts. */
+	int64_t deadline = now_mono_ms() + bk_connect_ms(b);
+
 	strfmt(b->node, sizeof(b->node), "%s:%d", node->host, node->port);
 	b->conn = amqp_new_connection();
 	if (b->conn == NULL) {
 		bk_set_err(b, "out of memory");
 		return -1;
 	}
-	if (open_socket(b, node) == -1 || login(b) == -1) {
+	if (open_socket(b, node, deadline) == -1 || login(b, deadline) == -1) {
 		bk_drop(b);
 		return -1;
 	}
 	bound_stuck_sends(b, true);
 	probe_idle_connection(b);
 	/* bk_ensure_channels() drops the connection itself on failure. */
-	return bk_ensure_channels(b, now_mono_ms() + bk_connect_ms(b));
+	return bk_ensure_channels(b, deadline);
 }
 
 int

@@ -8,6 +8,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -823,6 +824,126 @@ START_TEST(test_connect_second_node)
 }
 END_TEST
 
+/* ---- a slow link ---- */
+
+/* One connection forwarded to the broker, every reply held for
+ * delay_ms: a link that is up but slow. */
+struct slow_link {
+	int listen_fd, delay_ms;
+	pthread_t thread;
+};
+
+static bool
+write_all(int fd, const char *p, ssize_t n)
+{
+	while (n > 0) {
+		ssize_t w = write(fd, p, (size_t)n);
+
+		if (w <= 0)
+			return false;
+		p += w;
+		n -= w;
+	}
+	return true;
+}
+
+static void *
+slow_link_run(void *arg)
+{
+	struct slow_link *l = arg;
+	struct sockaddr_in to = { .sin_family = AF_INET,
+		.sin_port = htons((uint16_t)amqp_port),
+		.sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	int client = accept(l->listen_fd, NULL, NULL);
+	int broker = socket(AF_INET, SOCK_STREAM, 0);
+	static char buf[65536];
+
+	if (client >= 0 && broker >= 0 &&
+	    connect(broker, (struct sockaddr *)&to, sizeof(to)) == 0) {
+		struct pollfd p[2] = { { .fd = client, .events = POLLIN },
+			{ .fd = broker, .events = POLLIN } };
+		bool up = true;
+
+		/* The idle bound ends the thread should the client hang. */
+		while (up && poll(p, 2, 10000) > 0) {
+			ssize_t n;
+
+			if (p[0].revents) {
+				n = read(client, buf, sizeof(buf));
+				up = n > 0 && write_all(broker, buf, n);
+			}
+			if (up && p[1].revents) {
+				n = read(broker, buf, sizeof(buf));
+				if (n > 0)
+					sleep_ms(l->delay_ms, NULL);
+				up = n > 0 && write_all(client, buf, n);
+			}
+		}
+	}
+	if (client >= 0)
+		close(client);
+	if (broker >= 0)
+		close(broker);
+	return NULL;
+}
+
+/* Returns the port to connect to. */
+static int
+slow_link_start(struct slow_link *l, int delay_ms)
+{
+	struct sockaddr_in at = { .sin_family = AF_INET,
+		.sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	socklen_t len = sizeof(at);
+
+	l->delay_ms = delay_ms;
+	l->listen_fd = socket(AF_INET, SOCK_STREAM, 0);
+	ck_assert_int_ge(l->listen_fd, 0);
+	ck_assert(bind(l->listen_fd, (struct sockaddr *)&at, len) == 0);
+	ck_assert(listen(l->listen_fd, 1) == 0);
+	ck_assert(getsockname(l->listen_fd, (struct sockaddr *)&at,
+	    &len) == 0);
+	ck_assert(pthread_create(&l->thread, NULL, slow_link_run, l) == 0);
+	return ntohs(at.sin_port);
+}
+
+static void
+slow_link_stop(struct slow_link *l)
+{
+	ck_assert(pthread_join(l->thread, NULL) == 0);
+	close(l->listen_fd);
+}
+
+/*
+ * rabbitmq.connect_timeout bounds a whole attempt.  Each step (socket,
+ * login, channels) used to get the full timeout: over this link, with
+ * every reply 500 ms late, the login's three round trips and the
+ * channels' three fit a 2 s timeout each, and the attempt took 3 s.
+ */
+START_TEST(test_connect_timeout_bounds_the_attempt)
+{
+	struct broker_conf conf;
+	struct slow_link link;
+	struct broker *b;
+	int64_t t0, ms;
+	int rc;
+
+	conf_init(&conf);
+	conf.nodes[0].port = slow_link_start(&link, 500);
+	conf.connect_timeout_ms = 2000;
+	b = broker_new(&conf);
+	t0 = now_mono_ms();
+	rc = broker_connect(b);
+	ms = now_mono_ms() - t0;
+	fprintf(stderr, "check_broker: slow link: connect %s after %" PRId64
+	    " ms: %s\n", rc == 0 ? "done" : "failed", ms, broker_error(b));
+	ck_assert_int_eq(rc, -1);
+	ck_assert_int_ge(ms, 1900);
+	ck_assert_int_lt(ms, 3500);
+	broker_free(b);
+	slow_link_stop(&link);
+}
+END_TEST
+
 START_TEST(test_bad_password)
 {
 	static const char secret[] = "Wr0ng-s3cret-pw";
@@ -1015,6 +1136,7 @@ broker_suite(void)
 	tcase_set_timeout(conn, 120);
 	tcase_add_test(conn, test_connect_closed_port);
 	tcase_add_test(conn, test_connect_second_node);
+	tcase_add_test(conn, test_connect_timeout_bounds_the_attempt);
 	tcase_add_test(conn, test_bad_password);
 	suite_add_tcase(s, conn);
 	/* Last: these freeze and kill the broker. */
