@@ -924,6 +924,14 @@ broker_await_batch(struct broker *b)
 			}
 			break;
 		}
+		/* A blocked broker reads nothing, not even the channel.open
+		 * that a closed channel needs: the rest waits for the
+		 * unblock, as it would at the deadline. */
+		if (round > 0 && b->blocked_since_ms != 0 &&
+		    (!b->pub_open || !b->check_open)) {
+			batch_blocked(bt);
+			return 0;
+		}
 		if (round > 0 && (batch_prepare(bt) == -1 ||
 		    batch_send(bt) == -1))
 			goto fail;
@@ -935,8 +943,10 @@ broker_await_batch(struct broker *b)
 		}
 	}
 	/* A batch leaves the publishing channel ready for the next, even
-	 * when its last confirm came just before its deadline. */
-	if (bk_ensure_channels(b, now_mono_ms() + bk_connect_ms(b)) == -1)
+	 * when its last confirm came just before its deadline; under a
+	 * block, the next batch (after the unblock) reopens it. */
+	if (b->blocked_since_ms == 0 &&
+	    bk_ensure_channels(b, now_mono_ms() + bk_connect_ms(b)) == -1)
 		goto fail;
 	amqp_maybe_release_buffers(b->conn);
 	return 0;
