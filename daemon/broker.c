@@ -148,10 +148,12 @@ bound_stuck_sends(struct broker *b, bool on)
  * alarm (TCP_USER_TIMEOUT off, heartbeats off by default), would wait
  * on that connection for the kernel's keepalive default: two hours and
  * more.  These probes, the same as the PostgreSQL sessions', find the
- * dead peer within 25 s; a live broker's kernel answers them, so a
- * blocked connection lives on.  (While a batch too big for the
- * broker's socket buffer waits in its shut window, the kernel's window
- * probes take over: about 15 minutes with tcp_retries2 = 15.)
+ * dead peer: blocked, after 3 unanswered probes, within 25 s; otherwise
+ * once nothing was heard for TCP_USER_TIMEOUT (the confirm timeout), or
+ * 15 s if that is shorter.  A live broker's kernel answers them, so a
+ * blocked connection lives on.  (While a batch too big for the broker's
+ * socket buffer waits in its shut window, the kernel's window probes
+ * take over: about 15 minutes with tcp_retries2 = 15.)
  */
 #define KEEPALIVE_IDLE_S 10
 #define KEEPALIVE_INTERVAL_S 5
@@ -638,6 +640,70 @@ login(struct broker *b, int64_t deadline)
 	return -1;
 }
 
+/*
+ * Under a memory or disk alarm the broker says that it blocks a
+ * connection only once the connection publishes, and it holds what it
+ * was sent until the alarm clears.  The first batch on a new connection
+ * during an alarm was held that way, left unconfirmed, and sent again
+ * after the alarm: every row of it twice.  So a new connection first
+ * publishes one empty message to a queue that cannot exist ("amq." names
+ * are the broker's, and the default exchange drops what it cannot
+ * route, without a return as the message is not mandatory), and waits
+ * for the broker's answer: the ack, or connection.blocked, which makes
+ * the relay wait for the unblock before it claims anything.  Returns 0
+ * or -1 (connection lost).
+ */
+#define ALARM_PROBE_KEY "amq.outboxd.alarm-probe"
+
+static int WARN_UNUSED
+ask_for_alarms(struct broker *b, int64_t deadline)
+{
+	amqp_basic_properties_t props = { ._flags = 0 };
+	bool answered = false;
+	int st;
+
+	st = amqp_basic_publish(b->conn, CH_PUB, amqp_empty_bytes,
+	    amqp_cstring_bytes(ALARM_PROBE_KEY), 0, 0, &props,
+	    amqp_empty_bytes);
+	if (st != AMQP_STATUS_OK)
+		return bk_conn_lost(b, "publishing: %s", amqp_error_string2(st));
+	b->next_tag++;	/* the batches' windows start after it */
+	while (!answered && b->blocked_since_ms == 0) {
+		struct timeval tv = bk_ms_to_tv(deadline - now_mono_ms());
+		amqp_frame_t f;
+		const amqp_method_t *m = &f.payload.method;
+		int rc = 0;
+
+		st = amqp_simple_wait_frame_noblock(b->conn, &f, &tv);
+		if (st == AMQP_STATUS_TIMEOUT)
+			return bk_conn_lost(b, "no answer to a publish within "
+			    "rabbitmq.connect_timeout");
+		if (st != AMQP_STATUS_OK)
+			return bk_conn_lost(b, "%s", amqp_error_string2(st));
+		if (f.frame_type != AMQP_FRAME_METHOD) {
+			amqp_maybe_release_buffers_on_channel(b->conn, f.channel);
+			continue;
+		}
+		if (f.channel == 0) {
+			rc = bk_conn_method(b, m);
+		} else if (m->id == AMQP_CHANNEL_CLOSE_METHOD) {
+			/* A user that may not write to the default exchange:
+			 * the broker read the publish, so it does not block
+			 * us; the channel is reopened below. */
+			rc = bk_channel_close_ok(b, f.channel);
+			if (rc == 0 && f.channel == CH_PUB)
+				return bk_ensure_channels(b, deadline);
+		} else if (f.channel == CH_PUB) {
+			answered = m->id == AMQP_BASIC_ACK_METHOD ||
+			    m->id == AMQP_BASIC_NACK_METHOD;
+		}
+		if (rc == -1)
+			return -1;
+		amqp_maybe_release_buffers_on_channel(b->conn, f.channel);
+	}
+	return 0;
+}
+
 static int WARN_UNUSED
 connect_node(struct broker *b, const struct broker_node *node)
 {
@@ -658,8 +724,10 @@ connect_node(struct broker *b, const struct broker_node *node)
 	}
 	bound_stuck_sends(b, true);
 	probe_idle_connection(b);
-	/* bk_ensure_channels() drops the connection itself on failure. */
-	return bk_ensure_channels(b, deadline);
+	/* Both drop the connection themselves on failure. */
+	if (bk_ensure_channels(b, deadline) == -1)
+		return -1;
+	return ask_for_alarms(b, deadline);
 }
 
 int

@@ -70,7 +70,7 @@ struct xentry {
 	char *name;
 	char *type;		/* "" for a passive check */
 	bool ok;
-	uint64_t batch;		/* the batch a failure belongs to */
+	uint64_t batch;		/* a failure's batch; a success's last use */
 	char reason[256];
 };
 
@@ -85,6 +85,7 @@ struct broker {
 	size_t broker_max_size;		/* learned from a 406; 0 unknown */
 	struct xentry *xs;
 	size_t n_xs, cap_xs;
+	uint64_t exchange_checks;	/* exchange.declare round trips */
 	struct slot *slots;
 	size_t cap_slots;
 	struct window win;

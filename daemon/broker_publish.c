@@ -22,10 +22,9 @@
 #define DRAIN_BYTES (64 * 1024)
 #define SHORTSTR_MAX 255	/* AMQP short strings: names, keys */
 #define DEFAULT_CONTENT_TYPE "application/octet-stream"
-/* Exchanges remembered per connection.  A producer with an exchange per
- * tenant must not grow the cache, and the linear search in it, without
- * end: beyond this the cache starts again, at one exchange.declare per
- * exchange. */
+/* Exchanges remembered per connection, beyond those the last batch used.
+ * A producer with an exchange per tenant must not grow the cache, and
+ * the linear search in it, without end. */
 #define XCACHE_MAX 256
 
 /* ---- the exchange cache ------------------------------------------------ */
@@ -59,8 +58,6 @@ xcache_put(struct broker *b, const char *name, const char *type, bool ok,
 		}
 	}
 	if (x == NULL) {
-		if (b->n_xs == XCACHE_MAX)
-			bk_xcache_clear(b);
 		if (b->n_xs == b->cap_xs) {
 			b->cap_xs = b->cap_xs ? b->cap_xs * 2 : 16;
 			b->xs = xrealloc(b->xs, b->cap_xs * sizeof(*b->xs));
@@ -72,6 +69,30 @@ xcache_put(struct broker *b, const char *name, const char *type, bool ok,
 	x->ok = ok;
 	x->batch = b->batch_seq;
 	strfmt(x->reason, sizeof(x->reason), "%s", ok ? "" : reason);
+}
+
+/*
+ * Between batches, above XCACHE_MAX: what the last batch did not use
+ * goes.  What it used stays, however much that is (at most a batch's
+ * worth): the next batch probably sends there again, and forgetting it
+ * would cost a round trip per exchange.
+ */
+static void
+xcache_trim(struct broker *b)
+{
+	size_t kept = 0;
+
+	if (b->n_xs <= XCACHE_MAX)
+		return;
+	for (size_t i = 0; i < b->n_xs; i++) {
+		if (b->xs[i].batch + 1 >= b->batch_seq) {
+			b->xs[kept++] = b->xs[i];
+		} else {
+			free(b->xs[i].name);
+			free(b->xs[i].type);
+		}
+	}
+	b->n_xs = kept;
 }
 
 /* The exchange failed under our feet (deleted after it was checked):
@@ -103,7 +124,7 @@ static int WARN_UNUSED
 exchange_usable(struct broker *b, const char *name, const char *type,
     int64_t deadline, char *reason, size_t size)
 {
-	const struct xentry *x;
+	struct xentry *x;
 	bool passive = (*type == '\0');
 	int rc;
 
@@ -111,8 +132,10 @@ exchange_usable(struct broker *b, const char *name, const char *type,
 	if (*name == '\0')
 		return 0;	/* the default exchange always exists */
 	x = xcache_find(b, name, type);
-	if (x != NULL && x->ok)
+	if (x != NULL && x->ok) {
+		x->batch = b->batch_seq;	/* in use: kept by the trim */
 		return 0;
+	}
 	if (x != NULL && x->batch == b->batch_seq) {
 		strfmt(reason, size, "%s", x->reason);
 		return 1;
@@ -120,6 +143,7 @@ exchange_usable(struct broker *b, const char *name, const char *type,
 	if (bk_ensure_channels(b, deadline) == -1)
 		return -1;
 	bk_rpc_deadline(b, deadline);
+	b->exchange_checks++;
 	amqp_exchange_declare(b->conn, CH_CHECK, amqp_cstring_bytes(name),
 	    passive ? amqp_empty_bytes : amqp_cstring_bytes(type), passive,
 	    1, 0, 0, amqp_empty_table);
@@ -825,6 +849,7 @@ batch_start(struct batch *bt, struct broker *b,
 		res[i].reason[0] = '\0';
 	}
 	b->batch_seq++;
+	xcache_trim(b);
 }
 
 /*

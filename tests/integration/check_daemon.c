@@ -995,6 +995,17 @@ enqueue_sized(const char *queue, int n, int size)
 	return tl_sql_int(db, "SELECT max(id) FROM t_transactional_message");
 }
 
+/* Stops the daemon; an alarm must not have cost any relay its broker
+ * connection, before or after it cleared.  Frees log. */
+static void
+stop_with_one_connection(pid_t pid, char *log)
+{
+	ck_assert_int_eq(tl_outboxd_stop(pid, 25000), 0);
+	ck_assert_int_eq(log_count(log, "msg=\"broker connection lost\""), 0);
+	check_logfmt(log);
+	free(log);
+}
+
 /*
  * A RabbitMQ resource alarm (memory here; a full disk is the same): the
  * broker stops reading the connections that publish, and says so with
@@ -1060,13 +1071,56 @@ START_TEST(test_memory_alarm_holds_the_relay)
 	fprintf(stderr, "alarm: %d rows, %zu deliveries\n", N, got);
 	/* At most the two relays' batches can be with the broker. */
 	ck_assert_uint_le(got, N + 2 * BATCH);
-	ck_assert_int_eq(tl_outboxd_stop(pid, 25000), 0);
 	/* Nor after the alarm: the broker works off what it held first,
 	 * within a confirm timeout. */
-	ck_assert_int_eq(log_count(log, "msg=\"broker connection lost\""), 0);
-	check_logfmt(log);
+	stop_with_one_connection(pid, log);
 	free(counts);
-	free(log);
+}
+END_TEST
+
+/*
+ * An alarm already raised when outboxd connects.  The broker says that
+ * it blocks a connection only once the connection publishes, and holds
+ * what it was sent: the old relay's first batch on each connection was
+ * held, left unconfirmed at the confirm timeout, and sent again after
+ * the alarm, every row of it twice.  A new connection now asks first,
+ * with one message to nowhere, and no row goes out until the unblock.
+ */
+START_TEST(test_alarm_before_connecting_holds_every_row)
+{
+	enum { N = 500 };
+	char yaml[512], *log;
+	unsigned *counts = xcalloc(N, sizeof(*counts));
+	long long last, first;
+	size_t got;
+	pid_t pid;
+
+	memory_alarm(true);
+	last = enqueue_sized("dmn.alarm0", N, 100);
+	first = last - N + 1;
+	snprintf(yaml, sizeof(yaml), "http.listen: \"127.0.0.1:%d\"\n"
+	    "redis.key: \"dmn:leader:alarm0\"\n"
+	    "rabbitmq.confirm_timeout: 2s\nrelay.batch_size: 100\n",
+	    http_port());
+	pid = start_ready("dmn.alarm0", yaml, &log);
+	ck_assert_double_eq(wait_metric("outboxd_relays_blocked", 2, 20000),
+	    2);
+	/* Longer than a confirm timeout: a batch sent into the block would
+	 * have been left unconfirmed by now. */
+	usleep(3 * 1000 * 1000);
+	ck_assert_int_eq(log_count(log, "msg=\"batch left unconfirmed\""), 0);
+	ck_assert_int_eq(tl_sql_int(db, COUNT_STATUS(1)), 0);
+	memory_alarm(false);
+	ck_assert_int_eq(tl_wait_sql_int(db, N, 60000, COUNT_STATUS(1)), N);
+	/* Every copy is in the queue once every row is SUCCESS: read until
+	 * it stays quiet, not just until each row was seen. */
+	got = receive("dmn.alarm0", counts, first, N, N + 1, 2000);
+	for (long long i = 0; i < N; i++)
+		ck_assert_msg(counts[i] == 1, "row %lld arrived %u times",
+		    first + i, counts[i]);
+	ck_assert_uint_eq(got, N);
+	stop_with_one_connection(pid, log);
+	free(counts);
 }
 END_TEST
 
@@ -2378,6 +2432,7 @@ main(void)
 	tcase_add_test(tc, test_lock_blocking_marks_holds_the_claim);
 	tcase_add_test(tc, test_failing_marks_are_paced);
 	tcase_add_test(tc, test_memory_alarm_holds_the_relay);
+	tcase_add_test(tc, test_alarm_before_connecting_holds_every_row);
 	tcase_add_test(tc, test_frozen_broker_bounds_a_large_batch);
 	tcase_add_test(tc, test_full_queue_nacks_are_retried);
 	tcase_add_test(tc, test_secrets_never_logged);
