@@ -690,6 +690,10 @@ ask_for_alarms(struct broker *b, int64_t deadline)
 			/* A user that may not write to the default exchange:
 			 * the broker read the publish, so it does not block
 			 * us; the channel is reopened below. */
+			const amqp_channel_close_t *c = m->decoded;
+
+			log_debug("alarm probe refused: the broker reads us",
+			    "node=%s code=%u", b->node, c->reply_code);
 			rc = bk_channel_close_ok(b, f.channel);
 			if (rc == 0 && f.channel == CH_PUB)
 				return bk_ensure_channels(b, deadline);

@@ -2283,6 +2283,47 @@ rabbit_connections_of(const char *user)
 }
 
 /*
+ * A RabbitMQ user that may write to its own exchange only, not to the
+ * default one: the message with which each new connection asks about
+ * alarms is refused with a channel close, which says as well that the
+ * broker reads the connection.  The relays reopen the channel and serve.
+ */
+START_TEST(test_user_without_the_default_exchange)
+{
+	enum { N = 20 };
+	struct tl_amqp *a = tl_amqp_open();
+	char cfg[512], yaml[1024], *log;
+	pid_t pid;
+
+	tl_exchange(a, "dmn.own", "direct");
+	tl_queue(a, "dmn.own.q", "dmn.own", "k");
+	tl_amqp_close(a);
+	rabbit_user("dmnown", "dmn-own-pw");
+	ck_assert_int_eq(rabbitmqctl("set_permissions -p / dmnown '.*' "
+	    "'^dmn\\.own$' '.*'"), 0);
+	ck_assert_int_eq(setenv("DMN_RABBIT_OWN", "dmn-own-pw", 1), 0);
+	snprintf(yaml, sizeof(yaml), "log.level: debug\n"
+	    "rabbitmq.user: dmnown\nrabbitmq.password_env: DMN_RABBIT_OWN\n"
+	    "redis.key: \"dmn:leader:own\"\n"
+	    "http.listen: \"127.0.0.1:%d\"\n", http_port());
+	tl_config_write(cfg, sizeof(cfg), yaml);
+	pid = tl_outboxd_start_file(cfg);
+	log = log_of(pid);
+	tl_sql(db, "SELECT outbox_enqueue('dmn.own', 'k', 'x' || g) "
+	    "FROM generate_series(1, %d) g", N);
+	ck_assert_int_eq(tl_wait_sql_int(db, N, 30000, COUNT_STATUS(1)), N);
+	ck_assert_msg(wait_log(log, "msg=\"alarm probe refused: the broker "
+	    "reads us\"", 2, 10000), "log %s", log);
+	ck_assert_int_eq(log_count(log, "msg=\"broker connect failed\""), 0);
+	ck_assert_double_eq(wait_metric("outboxd_relays_connected", 2, 10000),
+	    2);
+	ck_assert_int_eq(tl_outboxd_stop(pid, 25000), 0);
+	check_logfmt(log);
+	free(log);
+}
+END_TEST
+
+/*
  * Relays that cannot connect (here: a RabbitMQ user allowed one
  * connection, which the test holds) are visible in
  * outboxd_relays_connected, retry with backoff and mark nothing sent;
@@ -2437,6 +2478,7 @@ main(void)
 	tcase_add_test(tc, test_full_queue_nacks_are_retried);
 	tcase_add_test(tc, test_secrets_never_logged);
 	tcase_add_test(tc, test_worker_without_connection);
+	tcase_add_test(tc, test_user_without_the_default_exchange);
 	tcase_add_test(tc, test_log_lines_are_logfmt);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
