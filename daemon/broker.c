@@ -69,6 +69,9 @@ bk_drop(struct broker *b)
 	b->awaiting = false;
 	b->broker_max_size = 0;
 	b->blocked_since_ms = 0;
+	/* Nothing is in flight on a new connection, whatever the old one
+	 * had (its count shows in the next "broker blocks" line). */
+	b->win.len = b->win.lo = b->win.outstanding = 0;
 	bk_xcache_clear(b);
 }
 
@@ -687,16 +690,19 @@ ask_for_alarms(struct broker *b, int64_t deadline)
 		if (f.channel == 0) {
 			rc = bk_conn_method(b, m);
 		} else if (m->id == AMQP_CHANNEL_CLOSE_METHOD) {
-			/* A user that may not write to the default exchange:
-			 * the broker read the publish, so it does not block
-			 * us; the channel is reopened below. */
-			const amqp_channel_close_t *c = m->decoded;
+			unsigned code = ((const amqp_channel_close_t *)
+			    m->decoded)->reply_code;
 
-			log_debug("alarm probe refused: the broker reads us",
-			    "node=%s code=%u", b->node, c->reply_code);
 			rc = bk_channel_close_ok(b, f.channel);
-			if (rc == 0 && f.channel == CH_PUB)
+			if (rc == 0 && f.channel == CH_PUB) {
+				/* A user that may not write to the default
+				 * exchange: the broker read the publish, so
+				 * it does not block us. */
+				log_debug("alarm probe refused: the broker "
+				    "reads us", "node=%s code=%u", b->node,
+				    code);
 				return bk_ensure_channels(b, deadline);
+			}
 		} else if (f.channel == CH_PUB) {
 			answered = m->id == AMQP_BASIC_ACK_METHOD ||
 			    m->id == AMQP_BASIC_NACK_METHOD;
