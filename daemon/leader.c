@@ -38,6 +38,8 @@ struct leader {
 	enum leader_backend election;	/* what this instance elects with */
 	bool redis_was_up;
 	bool fenced;		/* Redis key held, advisory lock not */
+	int64_t ttl_ms;		/* of the Redis key */
+	int64_t store_down_since;	/* 0 while the store session is up */
 	int64_t next_compensation_ms;
 	int64_t next_purge_ms;
 	struct leader_gauges gauges;
@@ -53,6 +55,7 @@ leader_new(const struct lock_conf *lock_conf, const struct relay_conf *conf,
 	l->conf = *conf;
 	if (lock_conf->enabled) {
 		l->lock = lock_new(lock_conf);
+		l->ttl_ms = lock_conf->ttl_ms;
 		lock_set_reconnect(l->lock, &conf->reconnect);
 	}
 	l->redis_was_up = true;
@@ -155,6 +158,42 @@ advisory_lock_too(struct leader *l)
 	return held;
 }
 
+/*
+ * Without its store session an instance cannot lead (it leads through
+ * the advisory lock), yet it would renew the Redis key and keep every
+ * other instance from leading for as long as its PostgreSQL stayed out
+ * of reach (its own partition, a password change, "too many clients").
+ * So it gives the key up after a third of a ttl without the session (a
+ * quick reconnect keeps it), and does not compete until the session is
+ * back.  True when the election is left alone this tick.
+ */
+static bool
+stand_aside_without_store(struct leader *l)
+{
+	int64_t now = now_mono_ms();
+	char qerr[600];
+
+	if (store_connected(l->store)) {
+		l->store_down_since = 0;
+		return false;
+	}
+	if (l->store_down_since == 0)
+		l->store_down_since = now;
+	if (lock_held(l->lock) &&
+	    now - l->store_down_since < l->ttl_ms / 3)
+		return false;	/* renew on; the session may come back */
+	if (lock_held(l->lock)) {
+		log_warn("leader lock given up: no postgres session",
+		    "down_ms=%" PRId64 " error=%s", now - l->store_down_since,
+		    log_quote(qerr, sizeof(qerr), store_error(l->store)));
+		lock_release(l->lock);
+	}
+	l->fenced = false;
+	l->election = LEADER_BACKEND_NONE;
+	set_leader(l, false, LEADER_BACKEND_REDIS);
+	return true;
+}
+
 static void
 update_leadership(struct leader *l)
 {
@@ -164,6 +203,8 @@ update_leadership(struct leader *l)
 		seek_postgres_leadership(l);
 		return;
 	}
+	if (stand_aside_without_store(l))
+		return;
 	st = lock_tick(l->lock);
 	if (st == LOCK_UNAVAILABLE) {
 		if (l->redis_was_up)
@@ -280,7 +321,10 @@ leader_next_tick_ms(const struct leader *l)
 {
 	int64_t next = 1000;
 
-	if (l->lock != NULL && lock_next_tick_ms(l->lock) < next)
+	/* Standing aside for want of a store session, the lock has nothing
+	 * to do however overdue its next step looks. */
+	if (l->lock != NULL && (store_connected(l->store) ||
+	    lock_held(l->lock)) && lock_next_tick_ms(l->lock) < next)
 		next = lock_next_tick_ms(l->lock);
 	/* Compensation waits for the store; counting it while the store
 	 * is down would ask for a wake-up at once, again and again. */

@@ -60,6 +60,11 @@ struct lock {
 	bool held;
 	enum lock_state state;		/* what lock_tick returned last */
 	char token[2 * TOKEN_BYTES + 1];
+	/* The token of a lock lost while Redis could not be asked: the key
+	 * may have outlived our view of it, and then only we can renew it
+	 * (tokens are unique), so the next acquire tries that first. */
+	char lost_token[2 * TOKEN_BYTES + 1];
+	bool standby_logged;		/* "held by another" said already */
 	int64_t renewed_at;		/* held: when the last good SET or
 					 * renewal was sent */
 	int64_t valid_until;		/* held: leader until then */
@@ -303,11 +308,16 @@ lock_granted(struct lock *l, int64_t sent)
 	lock_reachable(l);
 }
 
+/* keep_token: Redis was not asked, so the key may still be ours. */
 static void
-lock_lost(struct lock *l, const char *reason)
+lock_lost(struct lock *l, const char *reason, bool keep_token)
 {
 	char qkey[256], qreason[320];
 
+	if (keep_token)
+		memcpy(l->lost_token, l->token, sizeof(l->lost_token));
+	else
+		l->lost_token[0] = '\0';
 	l->held = false;
 	l->lost_count++;
 	log_warn("leader lock lost", "key=%s reason=%s since_renewal_ms=%"
@@ -341,11 +351,54 @@ lock_unreachable(struct lock *l)
 	l->down_logged = true;
 }
 
+/* The renew script for token: 1 renewed, 0 no key, -1 another token;
+ * NULL when Redis failed (l->error says why). */
+static redisReply *
+lock_renew_command(struct lock *l, int64_t deadline, const char *token)
+{
+	return lock_command(l, deadline, R(REDIS_REPLY_INTEGER), "renew",
+	    "EVAL %s 1 %s %s %lld", renew_script, l->key, token,
+	    (long long)l->ttl_ms);
+}
+
+/*
+ * SET NX found a key.  If it carries the token of a lock we lost while
+ * Redis could not be asked, nobody has taken it since: renew it rather
+ * than wait out its ttl with no leader anywhere.  1 reclaimed, 0 not
+ * ours, -1 Redis failed (l->error says why).
+ */
+static int
+lock_reclaim(struct lock *l, int64_t deadline)
+{
+	redisReply *reply;
+	int64_t sent = now_mono_ms();
+	bool ours;
+	char qkey[256];
+
+	if (l->lost_token[0] == '\0')
+		return 0;
+	reply = lock_renew_command(l, deadline, l->lost_token);
+	if (reply == NULL)
+		return -1;
+	ours = reply->integer == 1;
+	freeReplyObject(reply);
+	if (ours) {
+		memcpy(l->token, l->lost_token, sizeof(l->token));
+		lock_granted(l, sent);
+		log_info("leader lock reclaimed", "key=%s token=%s ttl_ms=%"
+		    PRId64, log_quote(qkey, sizeof(qkey), l->key), l->token,
+		    l->ttl_ms);
+	}
+	l->lost_token[0] = '\0';
+	return ours ? 1 : 0;
+}
+
 static void
 lock_acquire(struct lock *l, int64_t deadline)
 {
 	redisReply *reply;
 	int64_t sent;
+	bool set;
 	char qkey[256];
 
 	lock_new_token(l);
@@ -360,19 +413,38 @@ lock_acquire(struct lock *l, int64_t deadline)
 		lock_unreachable(l);
 		return;
 	}
-	if (reply->type == REDIS_REPLY_STATUS) {
+	set = reply->type == REDIS_REPLY_STATUS;
+	freeReplyObject(reply);
+	if (set) {
+		l->lost_token[0] = '\0';
+		l->standby_logged = false;
 		lock_granted(l, sent);
 		log_info("leader lock acquired", "key=%s token=%s ttl_ms=%"
 		    PRId64, log_quote(qkey, sizeof(qkey), l->key), l->token,
 		    l->ttl_ms);
-	} else {
-		/* Someone else holds it; look again in a third of a ttl. */
-		l->token[0] = '\0';
-		l->state = LOCK_NOT_HELD;
-		l->next_at = now_mono_ms() + lock_renew_every(l);
-		lock_reachable(l);
+		return;
 	}
-	freeReplyObject(reply);
+	switch (lock_reclaim(l, deadline)) {
+	case 1:
+		l->standby_logged = false;
+		return;
+	case -1:
+		l->token[0] = '\0';
+		lock_unreachable(l);
+		return;
+	}
+	/* Someone else holds it; look again in a third of a ttl.  Said
+	 * once, so that a deployment whose key another one holds (two
+	 * outboxes sharing redis.key) can be told from a quiet standby. */
+	l->token[0] = '\0';
+	if (!l->standby_logged)
+		log_info("leader lock held by another instance", "key=%s "
+		    "hint=\"standing by; every outbox needs its own "
+		    "redis.key\"", log_quote(qkey, sizeof(qkey), l->key));
+	l->standby_logged = true;
+	l->state = LOCK_NOT_HELD;
+	l->next_at = now_mono_ms() + lock_renew_every(l);
+	lock_reachable(l);
 }
 
 static void
@@ -381,14 +453,12 @@ lock_renew(struct lock *l, int64_t deadline)
 	redisReply *reply;
 	int64_t sent = now_mono_ms();
 
-	reply = lock_command(l, deadline, R(REDIS_REPLY_INTEGER), "renew",
-	    "EVAL %s 1 %s %s %lld", renew_script, l->key, l->token,
-	    (long long)l->ttl_ms);
+	reply = lock_renew_command(l, deadline, l->token);
 	if (reply == NULL) {
 		/* Past the validity we cannot know whether the key outlived
 		 * us: another instance may be leader already. */
 		if (now_mono_ms() >= l->valid_until)
-			lock_lost(l, l->error);
+			lock_lost(l, l->error, true);
 		lock_unreachable(l);
 		return;
 	}
@@ -396,7 +466,7 @@ lock_renew(struct lock *l, int64_t deadline)
 		lock_granted(l, sent);
 	} else {
 		lock_lost(l, reply->integer == 0 ? "key gone" :
-		    "key holds another token");
+		    "key holds another token", false);
 		/* Report the loss now; compete again on the next tick. */
 		l->state = LOCK_NOT_HELD;
 		l->next_at = now_mono_ms();
@@ -406,29 +476,41 @@ lock_renew(struct lock *l, int64_t deadline)
 }
 
 /*
- * The validity ran out without a renewal (a stall, or Redis too slow or
- * away).  If Redis is there, delete our key should it still be ours, so
- * that the next leader need not wait for it to expire.
+ * The validity ran out without a renewal: a stall (a long step, a
+ * paused VM), or Redis too slow or away.  If the key still carries our
+ * token, nobody can have taken it, so it is renewed and stays ours;
+ * before, a stall alone gave leadership up and took it back.
  */
 static void
 lock_expired(struct lock *l, int64_t now)
 {
 	redisReply *reply = NULL;
+	char qkey[256];
 
 	if (l->ctx != NULL)
-		reply = lock_command(l, now + l->connect_timeout_ms,
-		    R(REDIS_REPLY_INTEGER), "release", "EVAL %s 1 %s %s",
-		    release_script, l->key, l->token);
-	lock_lost(l, "not renewed in time");
+		reply = lock_renew_command(l, now + l->connect_timeout_ms,
+		    l->token);
 	if (reply == NULL) {
 		/* Not connected, or the command just failed: l->error says
 		 * why, and reconnects follow the backoff now. */
+		lock_lost(l, "not renewed in time", true);
 		lock_unreachable(l);
 		return;
 	}
+	if (reply->integer == 1) {
+		log_warn("leader lock renewed late", "key=%s "
+		    "since_renewal_ms=%" PRId64 " ttl_ms=%" PRId64,
+		    log_quote(qkey, sizeof(qkey), l->key), now - l->renewed_at,
+		    l->ttl_ms);
+		lock_granted(l, now);
+	} else {
+		lock_lost(l, reply->integer == 0 ? "not renewed in time; "
+		    "key gone" : "not renewed in time; key holds another "
+		    "token", false);
+		l->state = LOCK_NOT_HELD;
+		l->next_at = now;
+	}
 	freeReplyObject(reply);
-	l->state = LOCK_NOT_HELD;
-	l->next_at = now;
 }
 
 struct lock *
@@ -575,7 +657,7 @@ lock_release(struct lock *l)
 		    log_quote(qkey, sizeof(qkey), l->key), l->token);
 	} else {
 		/* Compare-and-delete left the other holder's key alone. */
-		lock_lost(l, "not ours at release");
+		lock_lost(l, "not ours at release", false);
 	}
 	if (reply != NULL)
 		freeReplyObject(reply);

@@ -33,9 +33,12 @@ enum lock_state {
  * Timings, all from the time the last successful SET or renewal was
  * *sent* (Redis started its ttl later, so our view ends first):
  *   renew every ttl/3; retry a failed renewal every ttl/6;
- *   held until ttl − ttl/3, then LOST whatever Redis says or whether it
- *   can be reached at all;
- *   not held: try to acquire every ttl/3;
+ *   held until ttl − ttl/3 (lock_held turns false then); the next
+ *   lock_tick renews the key late if it still carries our token (a
+ *   stall: nobody can have taken it), and otherwise reports the LOSS,
+ *   also when Redis cannot be reached;
+ *   not held: try to acquire every ttl/3; a key left with the token of
+ *   a lock lost while Redis was away is renewed, not waited out;
  *   unreachable: reconnect after 1 s, doubling to 10 s, unless
  *   lock_set_reconnect says otherwise (the daemon passes reconnect.*).
  * One lock_tick never blocks longer than about connect_timeout_ms (one

@@ -986,6 +986,86 @@ START_TEST(test_instance_without_redis_does_not_lead_beside)
 }
 END_TEST
 
+/* Starts outboxd as another PostgreSQL role (same server and db). */
+static pid_t
+start_as_role(const char *role, const char *extra)
+{
+	char *base = strdup(tl_env("OUTBOXD_PG_CONNINFO"));
+	char conninfo[512];
+	pid_t pid;
+
+	ck_assert_ptr_nonnull(base);
+	/* libpq takes the last of a repeated keyword. */
+	snprintf(conninfo, sizeof(conninfo), "%s user=%s", base, role);
+	ck_assert_int_eq(setenv("OUTBOXD_PG_CONNINFO", conninfo, 1), 0);
+	pid = start(extra);
+	ck_assert_int_eq(setenv("OUTBOXD_PG_CONNINFO", base, 1), 0);
+	free(base);
+	return pid;
+}
+
+/*
+ * The Redis key's holder loses PostgreSQL while the others still reach
+ * it (here its role may no longer log in, as after a password change):
+ * it gives the key up, and the standby leads and relays.  Before, it
+ * renewed the key without leading, and in single-active mode nothing
+ * was delivered until its PostgreSQL came back.
+ */
+START_TEST(test_holder_without_postgres_gives_the_key_up)
+{
+	enum { N = 600 };
+	struct tl_amqp *a = tl_amqp_open();
+	struct tally t;
+	char yaml[256];
+	long long first;
+	int64_t cut, took;
+	pid_t p[2];
+
+	tl_sql(db, "DROP ROLE IF EXISTS outboxd_cut");
+	tl_sql(db, "CREATE ROLE outboxd_cut LOGIN SUPERUSER");
+	tl_queue(a, "leader.cut", "", "");
+	tl_consume(a, "leader.cut");
+	snprintf(yaml, sizeof(yaml), "relay.mode: single-active\n"
+	    "relay.batch_size: %d\n", BATCH);
+	p[0] = start_as_role("outboxd_cut", yaml);
+	ck_assert(wait_log2(p[0], "leadership acquired", "backend=redis",
+	    20000));
+	ck_assert(wait_log(p[0], "outboxd ready", 20000));
+	p[1] = start(yaml);
+	ck_assert(wait_log(p[1], "leader lock held by another instance",
+	    10000));
+
+	cut = tl_ms();
+	tl_sql(db, "ALTER ROLE outboxd_cut NOLOGIN");
+	tl_sql(db, "SELECT count(pg_terminate_backend(pid)) FROM "
+	    "pg_stat_activity WHERE usename = 'outboxd_cut'");
+	first = enqueue("leader.cut", "c", N);
+	tally_init(&t, first, N);
+	ck_assert(wait_log(p[1], "leadership acquired", 4 * TTL_MS));
+	took = tl_ms() - cut;
+	fprintf(stderr, "leader: the standby led %lld ms after the holder "
+	    "lost postgres\n", (long long)took);
+	ck_assert_int_le(took, 2 * TTL_MS + SLACK_MS);
+	ck_assert(log_has(p[0], "leader lock given up: no postgres session"));
+	ck_assert_int_eq(tl_wait_sql_int(db, N, 60000, COUNT_STATUS(1)), N);
+	tally_collect(a, &t, 30000);
+	ck_assert_int_eq(t.distinct, N);
+	ck_assert_int_eq(t.dups, 0);
+
+	/* Its PostgreSQL back, the old holder stands by. */
+	tl_sql(db, "ALTER ROLE outboxd_cut LOGIN");
+	ck_assert(wait_log(p[0], "leader lock held by another instance",
+	    15000));
+	ck_assert_int_eq(log_count(p[0], "leadership acquired"), 1);
+	ck_assert_int_eq(stop(p[0]), 0);
+	ck_assert_int_eq(stop(p[1]), 0);
+	ck_assert_int_eq(published_by(p[1]), N);
+	tl_sql(db, "DROP ROLE outboxd_cut");
+	tally_free(&t);
+	tl_amqp_close(a);
+}
+END_TEST
+
 /* single-active: the standby relays nothing until the leader dies. */
 static void
 single_active(const char *extra, const char *standing_by, int phase,
@@ -1058,24 +1138,6 @@ START_TEST(test_single_active_without_redis)
 }
 END_TEST
 
-/* Resident memory of a process in KiB. */
-static long
-rss_kib(pid_t pid)
-{
-	char path[64], line[256];
-	long kib = -1;
-	FILE *f;
-
-	snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
-	f = fopen(path, "r");
-	ck_assert_ptr_nonnull(f);
-	while (fgets(line, sizeof(line), f) != NULL)
-		if (strncmp(line, "VmRSS:", 6) == 0)
-			kib = atol(line + 6);
-	fclose(f);
-	return kib;
-}
-
 /* When the session named app last started a query, in ms since the
  * epoch, once that is later than after_ms; -1 at the deadline. */
 static long long
@@ -1147,7 +1209,7 @@ START_TEST(test_standby_drops_wakeups)
 		ck_assert_int_gt(tick, 0);
 		ck_assert_int_gt(wait_query_after("leader-standby", tick,
 		    10000), 0);
-		rss[r] = rss_kib(p[1]);
+		rss[r] = tl_proc_kib(p[1], "VmRSS");
 	}
 	fprintf(stderr, "leader: standby rss %ld KiB, then %ld KiB after %d "
 	    "more wake-ups\n", rss[0], rss[ROUNDS - 1],
@@ -1391,11 +1453,12 @@ explain(const char *name, char *out, size_t size)
 {
 	char sql[128];
 
-	snprintf(sql, sizeof(sql), "EXPLAIN EXECUTE %s(500, true)", name);
+	snprintf(sql, sizeof(sql), "EXPLAIN EXECUTE %s(500, true, 16777216, "
+	    "8388608)", name);
 	explain_sql(sql, out, size);
 }
 
-/* How many rows EXECUTE name(500, true) claims (rolled back). */
+/* How many rows EXECUTE name(500, true, …) claims (rolled back). */
 static int
 claimed(const char *name)
 {
@@ -1403,7 +1466,8 @@ claimed(const char *name)
 	PGresult *res;
 	int n;
 
-	snprintf(sql, sizeof(sql), "EXECUTE %s(500, true)", name);
+	snprintf(sql, sizeof(sql), "EXECUTE %s(500, true, 16777216, 8388608)",
+	    name);
 	tl_sql(db, "BEGIN");
 	res = PQexec(db, sql);
 	ck_assert_msg(PQresultStatus(res) == PGRES_TUPLES_OK, "%s: %s", sql,
@@ -1448,7 +1512,8 @@ START_TEST(test_claim_plan_stays_on_indexes)
 	for (int i = 0; i < 2; i++) {
 		expand_macro(src, "#define CLAIM_SQL(extra)", "DUE_PREDICATE",
 		    due, "extra", extras[i], sql, sizeof(sql));
-		tl_sql(db, "PREPARE %s(int, bool) AS %s", names[i], sql);
+		tl_sql(db, "PREPARE %s(int, bool, bigint, bigint) AS %s", names[i],
+		    sql);
 		explain(names[i], plan, sizeof(plan));
 		ck_assert_msg(strstr(plan, "t_transactional_message_due_idx")
 		    != NULL, "%s does not use the due index:\n%s", names[i],
@@ -1930,6 +1995,8 @@ main(void)
 	add(s, "redis_refused", test_instance_without_redis_does_not_lead_beside);
 	add(s, "single_active", test_single_active_standby_takes_over);
 	add(s, "single_active_no_redis", test_single_active_without_redis);
+	add(s, "holder_without_postgres",
+	    test_holder_without_postgres_gives_the_key_up);
 	add(s, "standby_wakeups", test_standby_drops_wakeups);
 	add(s, "ordering_on", test_ordering_by_key_holds_with_failures);
 	add(s, "ordering_off", test_ordering_off_delivers_all);

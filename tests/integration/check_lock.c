@@ -464,6 +464,43 @@ START_TEST(test_stalled_holder_loses_it)
 }
 END_TEST
 
+/*
+ * A stall longer than our view of the key (2/3 ttl) but shorter than
+ * the key itself: nobody can have taken it, so the holder renews it and
+ * keeps leading.  Before, the stall alone deleted the key and took it
+ * back with a new token, and leadership flapped.
+ */
+START_TEST(test_short_stall_renews_late)
+{
+	enum { LONG_TTL_MS = 3000 };
+	redisContext *c = admin_tcp();
+	struct lock_conf conf;
+	struct lock *a;
+	char token[64], val[64];
+	int64_t acquired;
+
+	conf_init(&conf, "127.0.0.1", redis_port());
+	conf.ttl_ms = LONG_TTL_MS;
+	a = lock_new(&conf);
+	ck_assert_int_eq(lock_tick(a), LOCK_HELD);
+	acquired = now_mono_ms();
+	snprintf(token, sizeof(token), "%s", lock_token(a));
+	/* Past the validity (2000 ms), well before the key's end. */
+	nap_ms(LONG_TTL_MS * 2 / 3 + 250);
+	ck_assert(!lock_held(a));
+	ck_assert_int_eq(lock_tick(a), LOCK_HELD);
+	ck_assert_int_lt(now_mono_ms() - acquired, LONG_TTL_MS);
+	ck_assert(lock_held(a));
+	ck_assert_int_eq(lock_lost_count(a), 0);
+	ck_assert_str_eq(lock_token(a), token);
+	ck_assert_str_eq(admin_str(c, val, sizeof(val), "GET %s", key), token);
+	/* Renewed for a whole ttl from now. */
+	ck_assert_int_gt(admin_int(c, "PTTL %s", key), LONG_TTL_MS - 500);
+	lock_free(a);
+	redisFree(c);
+}
+END_TEST
+
 START_TEST(test_cheap_when_nothing_due)
 {
 	redisContext *c = admin_tcp();
@@ -876,6 +913,54 @@ START_TEST(test_hung_redis_never_blocks)
 }
 END_TEST
 
+/*
+ * Redis hangs past the holder's validity but not past the key's ttl:
+ * the holder reports the loss, and when Redis answers again it finds
+ * its own key and renews it.  Before, SET NX failed on that key and no
+ * instance led until it expired.
+ */
+START_TEST(test_key_outliving_an_outage_is_reclaimed)
+{
+	enum { LONG_TTL_MS = 3000 };
+	static char host[160];
+	struct backoff_params quick;
+	struct lock_conf conf;
+	struct lock *a;
+	redisContext *c;
+	char token[64], val[64];
+	int64_t t0, resumed;
+
+	snprintf(host, sizeof(host), "unix:%s", priv.sock);
+	conf_init(&conf, host, 0);
+	conf.ttl_ms = LONG_TTL_MS;
+	a = lock_new(&conf);
+	backoff_params_default(&quick);
+	quick.init_ms = 100;
+	quick.max_ms = 100;
+	lock_set_reconnect(a, &quick);
+	ck_assert_int_eq(lock_tick(a), LOCK_HELD);
+	snprintf(token, sizeof(token), "%s", lock_token(a));
+	ck_assert_int_eq(kill(priv.pid, SIGSTOP), 0);
+	t0 = now_mono_ms();
+	while (lock_tick(a) != LOCK_UNAVAILABLE || lock_lost_count(a) == 0) {
+		ck_assert_msg(now_mono_ms() - t0 < LONG_TTL_MS, "not lost: %s",
+		    lock_error(a));
+		nap_for(a);
+	}
+	report("lost while redis hung (ttl 3000)", now_mono_ms() - t0);
+	ck_assert_int_eq(kill(priv.pid, SIGCONT), 0);
+	resumed = now_mono_ms();
+	ck_assert(tick_until(a, LOCK_HELD, LONG_TTL_MS));
+	report("reclaimed after redis resumed", now_mono_ms() - resumed);
+	ck_assert_str_eq(lock_token(a), token);
+	ck_assert_int_eq(lock_lost_count(a), 1);
+	c = priv_admin();
+	ck_assert_str_eq(admin_str(c, val, sizeof(val), "GET %s", key), token);
+	redisFree(c);
+	lock_free(a);
+}
+END_TEST
+
 int
 main(void)
 {
@@ -907,6 +992,7 @@ main(void)
 	tcase_add_test(shared, test_overwritten_key_is_lost_and_kept);
 	tcase_add_test(shared, test_release_compares_token);
 	tcase_add_test(shared, test_stalled_holder_loses_it);
+	tcase_add_test(shared, test_short_stall_renews_late);
 	tcase_add_test(shared, test_cheap_when_nothing_due);
 	tcase_add_test(shared, test_database_is_selected);
 	tcase_add_test(shared, test_disabled_is_always_held);
@@ -925,6 +1011,7 @@ main(void)
 	tcase_add_test(priv_tc, test_acl_user);
 	tcase_add_test(priv_tc, test_requirepass);
 	tcase_add_test(priv_tc, test_hung_redis_never_blocks);
+	tcase_add_test(priv_tc, test_key_outliving_an_outage_is_reclaimed);
 	suite_add_tcase(s, priv_tc);
 
 	sr = srunner_create(s);
