@@ -19,6 +19,11 @@ struct broker_node {
 	int port;
 };
 
+/* The reason for a body over max_payload (size, max_payload); the relay
+ * gives it too, for a content its claim left in the database. */
+#define BROKER_PAYLOAD_TOO_LARGE \
+	"payload of %zu bytes exceeds rabbitmq.max_payload (%zu)"
+
 struct broker_conf {
 	struct broker_node nodes[BROKER_MAX_NODES]; /* tried in turn */
 	size_t n_nodes;

@@ -268,8 +268,7 @@ msg_invalid(const struct broker *b, const struct broker_msg *m,
 	for (size_t i = 0; i < m->n_headers; i++)
 		long_name = long_name || too_long(m->header_keys[i]);
 	if (b->conf.max_payload > 0 && m->body_len > b->conf.max_payload)
-		strfmt(reason, size, "payload of %zu bytes exceeds "
-		    "rabbitmq.max_payload (%zu)", m->body_len,
+		strfmt(reason, size, BROKER_PAYLOAD_TOO_LARGE, m->body_len,
 		    b->conf.max_payload);
 	else if (long_name)
 		strfmt(reason, size, "exchange, exchange type, routing key, "

@@ -64,6 +64,7 @@ struct relay {
 	struct backoff_cursor cycle_retry;
 	int64_t cycle_retry_at;		/* monotonic ms */
 	int64_t failing_since_ms;	/* 0: the last cycle went through */
+	bool last_claim_cut;	/* the last batch was cut by its bytes */
 	/* The batches in hand: sides[0] on the main session; sides[1] on
 	 * the second session of a pipelined relay (store NULL otherwise). */
 	struct side sides[2];
@@ -318,6 +319,17 @@ prepare_message(struct relay *r, struct side *x, size_t i,
 		    false, METRICS_FAIL_NO_CONTENT);
 		return false;
 	}
+	if (row->content_unfetched) {
+		char reason[128];
+
+		/* The claim left it in the database (see CLAIM_SQL); the
+		 * broker module refuses such a body in the same words. */
+		mark_failed(r, x, i, strfmt(reason, sizeof(reason), "rejected: "
+		    BROKER_PAYLOAD_TOO_LARGE, row->content_len,
+		    r->conf.max_payload), true,
+		    METRICS_FAIL_OVERSIZED);
+		return false;
+	}
 	memset(msg, 0, sizeof(*msg));
 	msg->id = row->id;
 	msg->exchange = row->exchange_name;
@@ -349,12 +361,18 @@ cycle_failed(struct relay *r)
 	int64_t now = now_mono_ms(), wait = 0;
 
 	r->stats.store_errors++;
+	/* A session that died is the reconnect's to report ("postgres
+	 * unavailable"), not /healthz's "failing", which sent the operator
+	 * after locks and privileges for as long as a worker could not
+	 * reconnect (max_connections full after a restart). */
+	if (!store_connected(r->store)) {
+		r->failing_since_ms = 0;
+		return 0;
+	}
 	if (r->failing_since_ms == 0)
 		r->failing_since_ms = now;
-	if (store_connected(r->store)) {
-		wait = backoff_cursor_next(&r->cycle_retry);
-		r->cycle_retry_at = now + wait;
-	}
+	wait = backoff_cursor_next(&r->cycle_retry);
+	r->cycle_retry_at = now + wait;
 	return wait;
 }
 
@@ -387,12 +405,15 @@ side_claim(struct relay *r, struct side *x, int64_t lock_timeout_ms)
 	struct store_claim_opts opts = { .limit = r->conf.batch_size,
 		.ordered_by_key = r->conf.ordering_by_key,
 		.include_retries = r->include_retries,
-		.lock_timeout_ms = lock_timeout_ms };
+		.lock_timeout_ms = lock_timeout_ms,
+		.max_payload = r->conf.max_payload,
+		.max_batch_bytes = RELAY_BATCH_BYTES };
 
 	x->claimed_us = now_mono_us();
 	if (store_claim(x->store, &opts, &x->batch) == -1)
 		return -1;
 	x->nmsg = 0;
+	r->last_claim_cut = x->batch.cut_short;
 	for (size_t i = 0; i < x->batch.n; i++) {
 		x->marks[i].id = x->batch.rows[i].id;
 		x->marks[i].kind = MARK_RELEASE;
@@ -548,7 +569,8 @@ relay_pipeline(struct relay *r, int64_t until_ms, bool *backlog,
 	if (n <= 0)
 		return n;
 	for (;;) {
-		full = cur->batch.n == (size_t)r->conf.batch_size;
+		full = cur->batch.n == (size_t)r->conf.batch_size ||
+		    cur->batch.cut_short;
 		cur->published_us = now_mono_us();
 		if (broker_send_batch(r->broker, cur->msgs, cur->nmsg,
 		    cur->results) == -1) {
@@ -862,7 +884,8 @@ relay_step(struct relay *r, int64_t max_wait_ms)
 	/* A full batch means a backlog: claim again at once.  With per-key
 	 * ordering, a batch holds one row per key, so the next row of each
 	 * key is due right after this one: go again too. */
-	if (claimed == (size_t)r->conf.batch_size)
+	if (claimed == (size_t)r->conf.batch_size || (claimed > 0 &&
+	    r->last_claim_cut))
 		return true;
 	if (claimed > 0 && r->conf.ordering_by_key)
 		return false;

@@ -38,7 +38,17 @@ struct relay_conf {
 	struct backoff_params backoff;
 	/* Backoff between reconnect attempts to any server. */
 	struct backoff_params reconnect;
+	/* rabbitmq.max_payload, copied by the config loader: a longer
+	 * content is not fetched, and its row is DEAD unsent. */
+	size_t max_payload;
 };
+
+/*
+ * A batch ends where its contents pass this many bytes (its first row
+ * is always in), whatever relay.batch_size says: 500 rows of 16 MiB
+ * made one 8 GiB batch.  A batch of 1 KiB messages is not touched.
+ */
+#define RELAY_BATCH_BYTES (8u * 1024 * 1024)
 
 /* Counters for logs and metrics; written only by the relay's thread. */
 struct relay_stats {

@@ -17,6 +17,14 @@
 
 #define NOTIFY_CHANNEL "outboxd"
 
+/* How long sent data may stay unacknowledged before the connection is
+ * given up, in milliseconds: the keepalives' 10 s + 3 x 5 s, doubled. */
+#define PG_USER_TIMEOUT_MS "30000"
+
+#define SERVER_KEEPALIVES_SQL \
+	"SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5;" \
+	" SET tcp_keepalives_count = 3"
+
 /* Due: unsent, not deleted, scheduled no later than now, retries left.
  * The ORDER BY expression matches t_transactional_message_due_idx. */
 #define DUE_PREDICATE \
@@ -33,8 +41,26 @@
  * retries to the leader's compensation).  $2 turns per-key ordering on;
  * an empty business_key is no key, as in the message headers.
  *
- * The content is a subquery probed by message_id: planned for an empty
- * table, a join became a walk of the whole content table for each row.
+ * The content is a lateral subquery probed by message_id (OFFSET 0 keeps
+ * it one): planned for an empty table, a join became a walk of the whole
+ * content table for each row.
+ *
+ * A create_time of 'infinity' or '-infinity' (valid timestamps) is taken
+ * as now(): its conversion failed ("cannot convert infinity to bigint"),
+ * and with it every claim, the row being the oldest due one.  A NULL
+ * backoff or create_time (a table whose NOT NULL was dropped: the schema
+ * check looks at columns and types only) is the column's default.
+ *
+ * Memory: a content longer than $3 (rabbitmq.max_payload, which refuses
+ * it unsent) is not fetched, only its length (octet_length reads the
+ * stored size, not the value), and the batch ends where its contents
+ * pass $4 bytes (the first row is always in).  Before, a 1 GB row was
+ * downloaded whole to be marked DEAD, and 500 rows of 16 MiB made one
+ * 8 GiB batch; the process was killed, and after a restart the same
+ * batch came first again.  The rows left out stay locked until the
+ * batch's transaction ends, untouched.  The content comes with its
+ * length from one probe by message_id; it stays in the database (a TOAST
+ * pointer) for the rows not returned.
  */
 #define CLAIM_SQL(extra) \
     "WITH due AS (" \
@@ -46,25 +72,34 @@
     "   WHERE o.business_key = m.business_key AND o.id < m.id" \
     "    AND o.message_status IN (0, 2) AND NOT o.deleted))" \
     " ORDER BY coalesce(next_schedule_time, '-infinity'::timestamptz), id" \
-    " LIMIT $1 FOR UPDATE SKIP LOCKED)" \
+    " LIMIT $1 FOR UPDATE SKIP LOCKED)," \
+    " sized AS (SELECT u.*, l.len, l.content," \
+    "  sum(least(coalesce(l.len, 0), $3::int8)) OVER (ORDER BY" \
+    "   coalesce(u.next_schedule_time, '-infinity'::timestamptz), u.id)" \
+    "   - least(coalesce(l.len, 0), $3::int8) AS before" \
+    "  FROM due u LEFT JOIN LATERAL (SELECT octet_length(c.content)" \
+    "   AS len, c.content FROM t_transactional_message_content c" \
+    "   WHERE c.message_id = u.id OFFSET 0) l ON true)" \
     " SELECT d.id, d.exchange_name, d.exchange_type," \
     "  coalesce(nullif(d.routing_key, ''), d.queue_name)," \
     "  d.content_type, coalesce(d.business_module, '')," \
     "  coalesce(d.business_key, ''), d.current_retry_times::int4," \
     "  d.max_retry_times::int4," \
-    "  (extract(epoch FROM d.init_backoff) * 1000)::int8," \
-    "  d.backoff_factor, extract(epoch FROM d.create_time)::int8," \
-    "  (SELECT c.content FROM t_transactional_message_content c" \
-    "   WHERE c.message_id = d.id)," \
+    "  (extract(epoch FROM coalesce(d.init_backoff," \
+    "   interval '10 seconds')) * 1000)::int8," \
+    "  coalesce(d.backoff_factor, 2), extract(epoch FROM CASE WHEN" \
+    "   isfinite(d.create_time) THEN d.create_time ELSE now() END)::int8," \
+    "  CASE WHEN d.len <= $3::int8 THEN d.content END," \
     "  CASE WHEN d.headers IS NULL OR jsonb_typeof(d.headers) IN" \
     "   ('object', 'null')" \
     "   THEN NULL ELSE 'headers must be a JSON object, not '" \
     "   || jsonb_typeof(d.headers) END," \
-    "  h.keys, h.vals" \
-    " FROM due d" \
+    "  h.keys, h.vals, d.len::int8" \
+    " FROM sized d" \
     " LEFT JOIN LATERAL (SELECT array_agg(key) AS keys," \
     "   array_agg(value) AS vals FROM jsonb_each_text(CASE WHEN" \
     "   jsonb_typeof(d.headers) = 'object' THEN d.headers END)) h ON true" \
+    " WHERE d.before < $4::int8" \
     " ORDER BY coalesce(d.next_schedule_time," \
     "  '-infinity'::timestamptz), d.id"
 
@@ -79,7 +114,7 @@ enum claim_col {
 	COL_ID, COL_EXCHANGE, COL_EXCHANGE_TYPE, COL_ROUTING_KEY,
 	COL_CONTENT_TYPE, COL_MODULE, COL_KEY, COL_RETRIES, COL_MAX_RETRIES,
 	COL_INIT_BACKOFF, COL_FACTOR, COL_CREATED, COL_CONTENT,
-	COL_ROW_ERROR, COL_HEADER_KEYS, COL_HEADER_VALUES,
+	COL_ROW_ERROR, COL_HEADER_KEYS, COL_HEADER_VALUES, COL_CONTENT_LEN,
 	N_CLAIM_COLS
 };
 
@@ -301,21 +336,28 @@ int
 store_connect(struct store *s)
 {
 	char timeout[32];
-	/* Later entries override what the conninfo says; keepalives come
-	 * first so that a conninfo can still override them. */
+	/*
+	 * Later entries override what the conninfo says; keepalives come
+	 * first so that a conninfo can still override them.  Linux sends
+	 * keepalive probes only while nothing sent is unacknowledged: a
+	 * host that vanishes with a query on the wire is noticed only by
+	 * the retransmissions' limit (tcp_retries2, some 15 minutes) unless
+	 * TCP_USER_TIMEOUT bounds them.
+	 */
 	const char *keys[] = { "keepalives", "keepalives_idle",
-		"keepalives_interval", "keepalives_count", "dbname",
-		"connect_timeout", "application_name", "password", NULL };
-	const char *vals[] = { "1", "10", "5", "3", s->conf.conninfo,
-		timeout, s->conf.application_name ? s->conf.application_name :
-		"outboxd", s->conf.password, NULL };
+		"keepalives_interval", "keepalives_count", "tcp_user_timeout",
+		"dbname", "connect_timeout", "application_name", "password",
+		NULL };
+	const char *vals[] = { "1", "10", "5", "3", PG_USER_TIMEOUT_MS,
+		s->conf.conninfo, timeout, s->conf.application_name ?
+		s->conf.application_name : "outboxd", s->conf.password, NULL };
 
 	store_disconnect(s);
 	/* libpq counts whole seconds and treats 1 as 2. */
 	snprintf(timeout, sizeof(timeout), "%" PRId64,
 	    (s->conf.connect_timeout_ms + 999) / 1000);
 	if (s->conf.password == NULL)
-		keys[7] = NULL;
+		keys[8] = NULL;
 	s->conn = PQconnectdbParams(keys, vals, 1);
 	if (PQstatus(s->conn) != CONNECTION_OK) {
 		set_error(s, "postgres connect", PQerrorMessage(s->conn));
@@ -324,6 +366,17 @@ store_connect(struct store *s)
 	/* Server notices ("relation exists, skipping") would otherwise go
 	 * to stderr raw; keep every line logfmt. */
 	PQsetNoticeProcessor(s->conn, log_notice, NULL);
+	/*
+	 * The server's end, with the server's defaults, keeps an orphaned
+	 * session (and the leader's advisory lock, which fences the other
+	 * instances) for 2 h 10 min after a network partition: it probes
+	 * as this end does.  Ignored on a Unix socket; tcp_user_timeout
+	 * is PostgreSQL 12's.
+	 */
+	if (exec_command(s, PQserverVersion(s->conn) >= 120000 ?
+	    SERVER_KEEPALIVES_SQL "; SET tcp_user_timeout = "
+	    PG_USER_TIMEOUT_MS : SERVER_KEEPALIVES_SQL) == -1)
+		goto fail;
 	if (s->conf.idle_in_transaction_timeout_ms > 0) {
 		char set[96];
 
@@ -357,12 +410,26 @@ fail:
 	return -1;
 }
 
+int
+store_setting(struct store *s, const char *name, char *buf, size_t size)
+{
+	const char *params[1] = { name };
+	PGresult *res = query(s, "setting", "SELECT current_setting($1)", 1,
+	    params, PGRES_TUPLES_OK);
+
+	if (res == NULL)
+		return -1;
+	snprintf(buf, size, "%s", PQgetvalue(res, 0, 0));
+	PQclear(res);
+	return 0;
+}
+
 static const struct statement {
 	const char *name, *sql;
 	int nparams;
 } statements[] = {
-	{ "claim_all", claim_all_sql, 2 },
-	{ "claim_new", claim_new_sql, 2 },
+	{ "claim_all", claim_all_sql, 4 },
+	{ "claim_new", claim_new_sql, 4 },
 	{ "mark_success", mark_success_sql, 1 },
 	{ "mark_failed", mark_failed_sql, 4 },
 	{ "next_due_all", next_due_all_sql, 0 },
@@ -672,11 +739,16 @@ check_schema(struct store *s)
 int
 store_migrate(struct store *s)
 {
+	char restore[96];
 	int rc = -1;
 
-	/* A migration waits for the locks it needs as long as it takes; the
-	 * relay's own lock_timeout is restored after. */
-	if (exec_command(s, "SET lock_timeout = 0") == -1)
+	/* A migration waits for the locks it needs as long as it takes, and
+	 * an index build takes as long as it does: a statement_timeout of
+	 * the role or database cancelled CREATE INDEX CONCURRENTLY.  The
+	 * relay's own lock_timeout and the session's statement_timeout are
+	 * restored after. */
+	if (exec_command(s, "SET lock_timeout = 0; SET statement_timeout = 0")
+	    == -1)
 		return -1;
 	if (migrate_lock(s) == -1)
 		goto restore;
@@ -713,7 +785,9 @@ unlock:
 	PQclear(PQexec(s->conn, "SELECT pg_advisory_unlock(" MIGRATE_LOCK_KEY
 	    ")"));
 restore:
-	PQclear(PQexec(s->conn, lock_timeout_sql(s, (char[64]){ 0 }, 64)));
+	PQclear(PQexec(s->conn, strfmt(restore, sizeof(restore), "%s; "
+	    "RESET statement_timeout", lock_timeout_sql(s, (char[64]){ 0 },
+	    64))));
 	if (rc == 0)
 		rc = warn_invalid_indexes(s);
 	return rc;
@@ -721,11 +795,16 @@ restore:
 
 /* --- reading binary results ------------------------------------------- */
 
+/* A NULL reads as 0: PQgetvalue gives "" for it, and 8 bytes copied from
+ * there were whatever followed in memory.  The claim gives the numbers it
+ * reads a value; this is for a column it missed. */
 static int64_t
 get_int8(const PGresult *res, int row, int col)
 {
 	uint64_t v;
 
+	if (PQgetisnull(res, row, col))
+		return 0;
 	memcpy(&v, PQgetvalue(res, row, col), sizeof(v));
 	return (int64_t)be64toh(v);
 }
@@ -735,6 +814,8 @@ get_int4(const PGresult *res, int row, int col)
 {
 	uint32_t v;
 
+	if (PQgetisnull(res, row, col))
+		return 0;
 	memcpy(&v, PQgetvalue(res, row, col), sizeof(v));
 	return (int32_t)be32toh(v);
 }
@@ -745,6 +826,8 @@ get_float8(const PGresult *res, int row, int col)
 	uint64_t v;
 	double d;
 
+	if (PQgetisnull(res, row, col))
+		return 0;
 	memcpy(&v, PQgetvalue(res, row, col), sizeof(v));
 	v = be64toh(v);
 	memcpy(&d, &v, sizeof(d));
@@ -897,13 +980,15 @@ fill_row(struct store *s, int i, struct outbox_row *r)
 	r->init_backoff_ms = get_int8(res, i, COL_INIT_BACKOFF);
 	r->backoff_factor = get_float8(res, i, COL_FACTOR);
 	r->create_time_s = get_int8(res, i, COL_CREATED);
-	/* content is NOT NULL: a null is a missing content row. */
-	r->has_content = !PQgetisnull(res, i, COL_CONTENT);
-	if (r->has_content) {
+	/* content is NOT NULL: no length is a missing content row, a
+	 * length without the content one over the claim's max_payload. */
+	r->has_content = !PQgetisnull(res, i, COL_CONTENT_LEN);
+	r->content_len = (size_t)get_int8(res, i, COL_CONTENT_LEN);
+	r->content_unfetched = r->has_content &&
+	    PQgetisnull(res, i, COL_CONTENT);
+	if (r->has_content && !r->content_unfetched)
 		r->content = (const unsigned char *)PQgetvalue(res, i,
 		    COL_CONTENT);
-		r->content_len = (size_t)PQgetlength(res, i, COL_CONTENT);
-	}
 	if (!PQgetisnull(res, i, COL_ROW_ERROR))
 		r->row_error = PQgetvalue(res, i, COL_ROW_ERROR);
 }
@@ -952,18 +1037,46 @@ fill_rows(struct store *s, struct store_batch *batch)
 	batch->n = n;
 }
 
+/* A claim's byte bound as the SQL takes it (int8): 0 is none. */
+static uint64_t
+claim_bound(size_t bytes)
+{
+	return bytes > 0 ? (uint64_t)bytes : INT64_MAX;
+}
+
+/* The bytes the claim counted against max_batch_bytes. */
+static uint64_t
+batch_bytes(const struct store_batch *batch,
+    const struct store_claim_opts *opts)
+{
+	uint64_t sum = 0, cap = claim_bound(opts->max_payload);
+
+	for (size_t i = 0; i < batch->n; i++) {
+		uint64_t len = batch->rows[i].content_len;
+
+		sum += len > cap ? cap : len;
+	}
+	return sum;
+}
+
 int
 store_claim(struct store *s, const struct store_claim_opts *opts,
     struct store_batch *batch)
 {
-	char limit[16];
-	const char *params[2] = { limit, opts->ordered_by_key ? "t" : "f" };
+	char limit[16], max_payload[24], max_bytes[24];
+	const char *params[4] = { limit, opts->ordered_by_key ? "t" : "f",
+		max_payload, max_bytes };
 	char begin[256];
 	PGresult *res;
 
 	batch->rows = NULL;
 	batch->n = 0;
+	batch->cut_short = false;
 	snprintf(limit, sizeof(limit), "%d", opts->limit);
+	snprintf(max_payload, sizeof(max_payload), "%" PRIu64,
+	    claim_bound(opts->max_payload));
+	snprintf(max_bytes, sizeof(max_bytes), "%" PRIu64,
+	    claim_bound(opts->max_batch_bytes));
 	/*
 	 * The table lock the marks will need is taken first, within
 	 * lock_timeout: a lock that would block them (a CREATE INDEX, a LOCK
@@ -992,7 +1105,7 @@ store_claim(struct store *s, const struct store_claim_opts *opts,
 	}
 	s->in_transaction = true;
 	res = PQexecPrepared(s->conn, opts->include_retries ? "claim_all" :
-	    "claim_new", 2, params, NULL, NULL, 1);
+	    "claim_new", 4, params, NULL, NULL, 1);
 	if (PQresultStatus(res) != PGRES_TUPLES_OK) {
 		set_error(s, "claim", PQerrorMessage(s->conn));
 		PQclear(res);
@@ -1007,6 +1120,10 @@ store_claim(struct store *s, const struct store_claim_opts *opts,
 	}
 	s->claimed = res;
 	fill_rows(s, batch);
+	/* Rows past the budget were left out only if the batch reached it
+	 * (a batch that just reached it says "more" once too often). */
+	batch->cut_short = batch_bytes(batch, opts) >=
+	    claim_bound(opts->max_batch_bytes);
 	return 0;
 }
 
@@ -1232,10 +1349,11 @@ store_counts(struct store *s, bool count_sent, struct store_counts *c)
 	    "  AND current_retry_times < max_retry_times),"
 	    /* Due since its schedule; without one (NULL, or '-infinity',
 	     * which failed the subtraction and froze the leader's gauges
-	     * with it), since it was written. */
+	     * with it), since it was written, if that is a finite time. */
 	    " coalesce(extract(epoch FROM now() - min(CASE WHEN"
 	    "  isfinite(next_schedule_time) THEN next_schedule_time"
-	    "  ELSE create_time END) FILTER (WHERE"
+	    "  WHEN isfinite(create_time) THEN create_time ELSE now() END)"
+	    "  FILTER (WHERE"
 	    "  coalesce(next_schedule_time, '-infinity'::timestamptz) <= now()"
 	    "  AND current_retry_times < max_retry_times)), 0)::float8,"
 	    " (SELECT count(*) FROM t_transactional_message"
@@ -1264,7 +1382,10 @@ store_counts(struct store *s, bool count_sent, struct store_counts *c)
 
 /* Its WHERE is the predicate of t_transactional_message_exhausted_idx
  * (sql/006), so it reads only rows out of retries, not the backlog; the
- * leader suite checks the plan. */
+ * leader suite checks the plan.  A row locked by someone else (an open
+ * psql transaction) is skipped until a later sweep: waiting for it held
+ * the leader's main loop for lock_timeout at every poll, or for good
+ * with no lock_timeout. */
 #define SWEEP_EXHAUSTED_SQL \
 	"UPDATE t_transactional_message" \
 	" SET message_status = 3, next_schedule_time = NULL," \
@@ -1272,8 +1393,10 @@ store_counts(struct store *s, bool count_sent, struct store_counts *c)
 	" last_error = coalesce(last_error || '; ', '')" \
 	"  || 'retries exhausted (max_retry_times = '" \
 	"  || max_retry_times || ')'" \
-	" WHERE message_status IN (0, 2) AND NOT deleted" \
-	" AND current_retry_times >= max_retry_times"
+	" WHERE id = ANY (ARRAY(SELECT id FROM t_transactional_message" \
+	"  WHERE message_status IN (0, 2) AND NOT deleted" \
+	"  AND current_retry_times >= max_retry_times" \
+	"  FOR UPDATE SKIP LOCKED))"
 
 int
 store_sweep_exhausted(struct store *s, int64_t *n)

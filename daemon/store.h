@@ -57,6 +57,8 @@ struct outbox_row {
 	const unsigned char *content;
 	size_t content_len;
 	bool has_content;		/* false: no content row at all */
+	bool content_unfetched;		/* over the claim's max_payload:
+					 * content NULL, content_len set */
 	const char *const *header_keys;
 	const char *const *header_values;
 	size_t n_headers;
@@ -66,6 +68,9 @@ struct outbox_row {
 struct store_batch {
 	struct outbox_row *rows;
 	size_t n;
+	/* Rows were left out (locked, untouched until the batch ends) to
+	 * keep the batch within max_batch_bytes: there is more to claim. */
+	bool cut_short;
 };
 
 /* What to write for one claimed row when the batch finishes. */
@@ -92,6 +97,11 @@ struct store_claim_opts {
 	 * other session holds a batch open, must give way quickly to a
 	 * lock request queued behind that batch (see relay.c). */
 	int64_t lock_timeout_ms;
+	/* 0 = no bound.  Contents longer than max_payload are not fetched
+	 * (content_unfetched); the batch ends where its contents pass
+	 * max_batch_bytes (its first row is always in). */
+	size_t max_payload;
+	size_t max_batch_bytes;
 };
 
 struct store;
@@ -104,6 +114,9 @@ void store_disconnect(struct store *);
 const char *store_error(const struct store *);
 /* The socket to poll for NOTIFY wake-ups, or -1. */
 int store_socket(const struct store *);
+/* For tests: the session's value of a setting (current_setting). */
+int store_setting(struct store *, const char *name, char *buf, size_t size)
+    WARN_UNUSED;
 
 /* Applies every migration in order (idempotent). */
 int store_migrate(struct store *) WARN_UNUSED;

@@ -348,6 +348,96 @@ START_TEST(test_payload_over_max_payload)
 }
 END_TEST
 
+/* Whether pid runs with AddressSanitizer, whose shadow memory and
+ * quarantine make its resident size say nothing about outboxd's. */
+static bool
+under_asan(pid_t pid)
+{
+	char path[64], line[512];
+	bool asan = false;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/maps", (int)pid);
+	f = fopen(path, "r");
+	ck_assert_ptr_nonnull(f);
+	while (!asan && fgets(line, sizeof(line), f) != NULL)
+		asan = strstr(line, "libasan") != NULL;
+	fclose(f);
+	return asan;
+}
+
+/*
+ * Far above rabbitmq.max_payload (64 MiB against 1 MiB): the claim reads
+ * the content's length, not the content, and the row is DEAD unsent.
+ * Before, the 64 MiB were downloaded to be refused (a row of 1 GB did
+ * that too, and the process could be killed for its memory, then meet
+ * the same row first after its restart).
+ */
+START_TEST(test_huge_payload_left_in_the_database)
+{
+	long kib;
+	pid_t pid = start_with(BASE_YAML "rabbitmq.max_payload: 1MiB\n",
+	    "SELECT outbox_enqueue('', '" GOOD "', "
+	    "convert_to(repeat('z', 64 * 1024 * 1024), 'UTF8'), "
+	    "business_key => 'huge')");
+
+	assert_row("huge", 3, 1, "payload of 67108864 bytes exceeds "
+	    "rabbitmq.max_payload (1048576)");
+	assert_good_delivered();
+	kib = tl_proc_kib(pid, "VmHWM");
+	fprintf(stderr, "badrows: huge: peak RSS %ld KiB\n", kib);
+	if (!under_asan(pid))
+		ck_assert_int_lt(kib, 40 * 1024);
+	assert_still_serving(pid);
+}
+END_TEST
+
+/*
+ * 48 rows of 1 MiB, each within max_payload, with relay.batch_size 500:
+ * a batch ends where its contents pass 8 MiB, so no batch holds them
+ * all, memory stays bounded, and each is delivered once.  Before, one
+ * batch took all 48 MiB (500 rows of 16 MiB would have been 8 GiB).
+ */
+START_TEST(test_batch_ends_at_its_bytes)
+{
+	long kib;
+	int most;
+	pid_t pid = start_with(BASE_YAML "relay.batch_size: 500\n",
+	    "SELECT outbox_enqueue('', '" GOOD "', convert_to(repeat('w', "
+	    "1024 * 1024), 'UTF8'), business_key => 'mib-' || g) "
+	    "FROM generate_series(1, 48) g");
+
+	ck_assert_int_eq(tl_wait_sql_int(db, 48, 60000, "SELECT count(*) FROM "
+	    "t_transactional_message WHERE business_key LIKE 'mib-%%' AND "
+	    "message_status = 1"), 48);
+	assert_good_delivered();
+	{
+		long long ids[48], first = tl_sql_int(db, "SELECT min(id) "
+		    "FROM t_transactional_message WHERE business_key LIKE "
+		    "'mib-%%'");
+
+		for (int i = 0; i < 48; i++)
+			ids[i] = first + i;
+		drain(ids, 48, 5000, 30000);
+		for (int i = 0; i < 48; i++)
+			ck_assert_int_eq(times_received(ids[i]), 1);
+	}
+	/* A batch is claimed and marked in one transaction: its rows
+	 * share xmin (edit_time could coincide across sessions). */
+	most = (int)tl_sql_int(db, "SELECT max(n) FROM (SELECT count(*) AS n "
+	    "FROM t_transactional_message WHERE business_key LIKE 'mib-%%' "
+	    "GROUP BY xmin::text) b");
+	kib = tl_proc_kib(pid, "VmHWM");
+	fprintf(stderr, "badrows: 48 x 1 MiB: at most %d in a batch, peak "
+	    "RSS %ld KiB\n", most, kib);
+	ck_assert_int_le(most, 9);
+	/* Pipelined, two workers hold four batches: 31 MiB measured. */
+	if (!under_asan(pid))
+		ck_assert_int_lt(kib, 48 * 1024);
+	assert_still_serving(pid);
+}
+END_TEST
+
 /*
  * An exchange that does not exist (NOT_FOUND): transient.  FAIL with
  * the row's backoff; once the exchange is declared, a retry delivers.
@@ -726,6 +816,122 @@ START_TEST(test_all_bad_rows_at_once)
 }
 END_TEST
 
+/* --- odd values in good rows -------------------------------------------- */
+
+/* outboxd status with BASE_YAML: its exit status, its output in out. */
+static int
+status(char *out, size_t size)
+{
+	char cfg[512], err[1024];
+	int rc;
+
+	tl_config_write(cfg, sizeof(cfg), BASE_YAML);
+	rc = tl_outboxd_cli(out, size, err, sizeof(err), cfg, "status", NULL);
+	if (rc != 0)
+		fprintf(stderr, "badrows: outboxd status: %s", err);
+	return rc;
+}
+
+/*
+ * 'infinity' and '-infinity' are valid timestamps.  As create_time they
+ * failed every claim ("cannot convert infinity to bigint"), the row
+ * being the oldest due one, and '-infinity' with no schedule failed the
+ * counts ("cannot subtract infinite timestamps").  They are plain rows,
+ * delivered once; the counts go on.
+ */
+START_TEST(test_infinite_create_time)
+{
+	char out[1024];
+	long long dups;
+	pid_t pid;
+
+	good_rows(GOOD_PER_SIDE);
+	tl_sql(db, "WITH m AS (INSERT INTO t_transactional_message "
+	    "(queue_name, business_module, business_key, create_time, "
+	    "next_schedule_time) VALUES "
+	    "('" GOOD "', 'good', 'created-infinity', 'infinity', now()), "
+	    "('" GOOD "', 'good', 'created-minus-infinity', '-infinity', NULL)"
+	    " RETURNING id) INSERT INTO t_transactional_message_content "
+	    "(message_id, content) SELECT id, 'x' FROM m");
+	good_rows(GOOD_PER_SIDE);
+	ck_assert_int_eq(status(out, sizeof(out)), 0);
+	ck_assert_msg(strstr(out, "due now:          22\n") != NULL, "%s",
+	    out);
+	pid = tl_outboxd_start(BASE_YAML);
+	assert_row("created-infinity", 1, 0, NULL);
+	assert_row("created-minus-infinity", 1, 0, NULL);
+	dups = assert_good_delivered();
+	ck_assert_msg(dups == 0, "%lld rows sent twice", dups);
+	ck_assert_int_eq(status(out, sizeof(out)), 0);
+	assert_still_serving(pid);
+}
+END_TEST
+
+/* The NOT NULLs test_null_numbers drops, back (with the rows gone):
+ * also the "values" case's unchecked teardown, for a failed test. */
+static void
+restore_not_null(void)
+{
+	PGconn *c = tl_pg();
+
+	tl_reset_db(c);
+	tl_sql(c, "ALTER TABLE t_transactional_message"
+	    " ALTER init_backoff SET NOT NULL,"
+	    " ALTER backoff_factor SET NOT NULL,"
+	    " ALTER create_time SET NOT NULL");
+	PQfinish(c);
+}
+
+/*
+ * A table whose NOT NULLs were dropped (the schema check looks at
+ * columns and types only): a NULL init_backoff, backoff_factor or
+ * create_time is the column's default (10 s, 2, now).  They were read
+ * as 8 bytes of whatever followed libpq's empty string.
+ */
+START_TEST(test_null_numbers)
+{
+	char sql[1024], err[1024];
+	long long id;
+	pid_t pid;
+
+	tl_sql(db, "ALTER TABLE t_transactional_message"
+	    " ALTER init_backoff DROP NOT NULL,"
+	    " ALTER backoff_factor DROP NOT NULL,"
+	    " ALTER create_time DROP NOT NULL");
+	snprintf(sql, sizeof(sql),
+	    "SELECT outbox_enqueue('badrows.none.%s', 'k', 'x', "
+	    " business_key => 'null-init');"
+	    "SELECT outbox_enqueue('badrows.none.%s', 'k', 'x', "
+	    " business_key => 'null-factor', init_backoff => '1s');"
+	    "SELECT outbox_enqueue('', '" GOOD "', 'x', "
+	    " business_key => 'null-created');"
+	    "UPDATE t_transactional_message SET init_backoff = NULL"
+	    " WHERE business_key = 'null-init';"
+	    "UPDATE t_transactional_message SET backoff_factor = NULL"
+	    " WHERE business_key IN ('null-init', 'null-factor');"
+	    "UPDATE t_transactional_message SET create_time = NULL"
+	    " WHERE business_key = 'null-created'", uniq, uniq);
+	pid = start_with(BASE_YAML, sql);
+	id = tl_sql_int(db, "SELECT id FROM t_transactional_message"
+	    " WHERE business_key = 'null-created'");
+	assert_row("null-init", 2, 1, "NOT_FOUND");
+	ck_assert_int_eq(scheduled_delay_ms("null-init"), 10000);
+	/* The row's own 1 s, grown by the default factor of 2. */
+	assert_row("null-factor", 2, 2, "NOT_FOUND");
+	ck_assert_int_eq(scheduled_delay_ms("null-factor"), 2000);
+	ck_assert_msg(strstr(last_error("null-init", err, sizeof(err)),
+	    "ignored") == NULL, "null-init: %s", err);
+	ck_assert_msg(strstr(last_error("null-factor", err, sizeof(err)),
+	    "ignored") == NULL, "null-factor: %s", err);
+	assert_row("null-created", 1, 0, NULL);
+	assert_good_delivered();
+	drain(&id, 1, 5000, 10000);
+	ck_assert_int_eq(times_received(id), 1);
+	assert_still_serving(pid);
+	restore_not_null();
+}
+END_TEST
+
 int
 main(void)
 {
@@ -740,6 +946,8 @@ main(void)
 	tcase_add_test(tc, test_empty_routing);
 	tcase_add_test(tc, test_payload_over_broker_limit);
 	tcase_add_test(tc, test_payload_over_max_payload);
+	tcase_add_test(tc, test_huge_payload_left_in_the_database);
+	tcase_add_test(tc, test_batch_ends_at_its_bytes);
 	tcase_add_test(tc, test_unknown_exchange);
 	tcase_add_test(tc, test_wrong_exchange_type);
 	tcase_add_test(tc, test_unusable_row_backoff);
@@ -752,6 +960,15 @@ main(void)
 	tcase_add_test(tc, test_unknown_exchange_type);
 	tcase_add_test(tc, test_retry_counted_from_the_mark);
 	tcase_add_test(tc, test_all_bad_rows_at_once);
+	suite_add_tcase(s, tc);
+	/* Good rows with values that once stopped outboxd:
+	 * CK_RUN_CASE=values. */
+	tc = tcase_create("values");
+	tcase_add_checked_fixture(tc, setup, teardown);
+	tcase_set_timeout(tc, 300);
+	tcase_add_unchecked_fixture(tc, NULL, restore_not_null);
+	tcase_add_test(tc, test_infinite_create_time);
+	tcase_add_test(tc, test_null_numbers);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);

@@ -1016,17 +1016,6 @@ START_TEST(test_tick_keeps_idle_connection)
 }
 END_TEST
 
-static int
-sockopt(int fd, int level, int name)
-{
-	int v = -1;
-	socklen_t len = sizeof(v);
-
-	ck_assert_msg(getsockopt(fd, level, name, &v, &len) == 0,
-	    "getsockopt(%d, %d)", level, name);
-	return v;
-}
-
 /*
  * A dead broker host sends nothing, and a blocked relay sends nothing
  * either: only keepalive probes can tell, and the kernel's default
@@ -1045,14 +1034,14 @@ START_TEST(test_dead_peer_probed)
 	b = connected(&conf);
 	fd = broker_socket(b);
 	ck_assert_int_ge(fd, 0);
-	ck_assert_int_eq(sockopt(fd, SOL_SOCKET, SO_KEEPALIVE), 1);
-	idle = sockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE);
-	interval = sockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL);
-	probes = sockopt(fd, IPPROTO_TCP, TCP_KEEPCNT);
+	ck_assert_int_eq(tl_sockopt(fd, SOL_SOCKET, SO_KEEPALIVE), 1);
+	idle = tl_sockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE);
+	interval = tl_sockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL);
+	probes = tl_sockopt(fd, IPPROTO_TCP, TCP_KEEPCNT);
 	ck_assert_msg(idle >= 1 && interval >= 1 && probes >= 1 &&
 	    idle + interval * probes <= 25, "keepalive %d s + %d x %d s",
 	    idle, probes, interval);
-	ck_assert_int_eq(sockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT),
+	ck_assert_int_eq(tl_sockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT),
 	    conf.confirm_timeout_ms);
 	/* The probes are the kernel's: the connection still works. */
 	ck_assert(broker_tick(b) == 0);

@@ -4,10 +4,14 @@
  * lose nothing.
  */
 #include <check.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
+#include "store.h"
 #include "testlib.h"
 #include "util.h"
 
@@ -557,6 +561,175 @@ START_TEST(test_notify_wakes_idle_relay)
 }
 END_TEST
 
+/* --- the store's own session --------------------------------------------- */
+
+/* A relay's store on the private PostgreSQL, over TCP, connected. */
+static struct store *
+store_open(int64_t lock_timeout_ms)
+{
+	struct store_conf conf = {
+		.conninfo = (char *)tl_env("OUTBOXD_PG_CONNINFO"),
+		.connect_timeout_ms = 5000,
+		.application_name = "check_relay",
+		.idle_in_transaction_timeout_ms = 30000,
+		.index_plans = true,
+		.lock_timeout_ms = lock_timeout_ms,
+	};
+	struct store *s = store_new(&conf);
+
+	ck_assert_msg(store_connect(s) == 0, "connect: %s", store_error(s));
+	return s;
+}
+
+/*
+ * Keepalive probes go out only while nothing sent is unacknowledged: a
+ * PostgreSQL host gone with a query on the wire is noticed by the
+ * kernel's retransmission limit alone, some 15 minutes, unless
+ * TCP_USER_TIMEOUT is set on the socket.
+ */
+START_TEST(test_pg_socket_bounds_unacknowledged_data)
+{
+	struct store *s = store_open(0);
+	int fd = store_socket(s);
+
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(tl_sockopt(fd, SOL_SOCKET, SO_KEEPALIVE), 1);
+	ck_assert_int_eq(tl_sockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT), 30000);
+	store_free(s);
+}
+END_TEST
+
+/* The session's setting name, as text. */
+static const char *
+setting(struct store *s, const char *name, char *buf, size_t size)
+{
+	ck_assert_msg(store_setting(s, name, buf, size) == 0, "%s: %s", name,
+	    store_error(s));
+	return buf;
+}
+
+/*
+ * The server's end probes too: with PostgreSQL's defaults a backend cut
+ * off by a partition kept its session, and the leader's advisory lock
+ * with it, for 2 h 10 min.
+ */
+START_TEST(test_pg_backend_probes_its_client)
+{
+	struct store *s = store_open(0);
+	char v[64];
+
+	ck_assert_str_eq(setting(s, "tcp_keepalives_idle", v, sizeof(v)),
+	    "10");
+	ck_assert_str_eq(setting(s, "tcp_keepalives_interval", v, sizeof(v)),
+	    "5");
+	ck_assert_str_eq(setting(s, "tcp_keepalives_count", v, sizeof(v)),
+	    "3");
+	ck_assert_str_eq(setting(s, "tcp_user_timeout", v, sizeof(v)),
+	    "30000");
+	store_free(s);
+}
+END_TEST
+
+/*
+ * A statement_timeout of the role or database (here the connection's
+ * options) applies to migrate's session too, and cancelled its CREATE
+ * INDEX CONCURRENTLY, which waits for the transactions writing the
+ * table to end: migrate lifts it while it runs and restores it after.
+ */
+START_TEST(test_migrate_outlasts_statement_timeout)
+{
+	char conninfo[512], v[64], err[1024];
+	struct store_conf conf = { .conninfo = conninfo,
+		.connect_timeout_ms = 5000 };
+	PGconn *writer = tl_pg();
+	struct store *s;
+	int64_t t0, took;
+	PGresult *res;
+	int rc;
+
+	snprintf(conninfo, sizeof(conninfo), "%s options='-c "
+	    "statement_timeout=500'", tl_env("OUTBOXD_PG_CONNINFO"));
+	tl_sql(db, "DROP INDEX t_transactional_message_sent_idx");
+	tl_sql(db, "DELETE FROM outboxd_migrations WHERE name = "
+	    "'007_outbox_sent_index.sql'");
+	/* A producer's transaction, open for 2 s: the build waits for it. */
+	ck_assert(PQsendQuery(writer, "BEGIN; LOCK TABLE "
+	    "t_transactional_message IN ROW EXCLUSIVE MODE; "
+	    "SELECT pg_sleep(2); COMMIT") == 1);
+	ck_assert_int_eq(tl_wait_sql_int(db, 1, 10000, "SELECT count(*) FROM "
+	    "pg_locks l JOIN pg_class c ON c.oid = l.relation WHERE "
+	    "c.relname = 't_transactional_message' AND l.mode = "
+	    "'RowExclusiveLock' AND l.pid <> pg_backend_pid()"), 1);
+	s = store_new(&conf);
+	ck_assert_msg(store_connect(s) == 0, "connect: %s", store_error(s));
+	t0 = tl_ms();
+	rc = store_migrate(s);
+	took = tl_ms() - t0;
+	snprintf(err, sizeof(err), "%s", store_error(s));
+	while ((res = PQgetResult(writer)) != NULL)
+		PQclear(res);
+	PQfinish(writer);
+	if (rc != 0) {
+		/* Put the index back before failing. */
+		conf.conninfo = (char *)tl_env("OUTBOXD_PG_CONNINFO");
+		store_free(s);
+		s = store_new(&conf);
+		ck_assert(store_connect(s) == 0 && store_migrate(s) == 0);
+		ck_abort_msg("migrate failed after %lld ms: %s",
+		    (long long)took, err);
+	}
+	ck_assert_msg(took >= 1000, "migrate took %lld ms", (long long)took);
+	ck_assert_int_eq(tl_sql_int(db, "SELECT count(*) FROM pg_index WHERE "
+	    "indexrelid = 't_transactional_message_sent_idx'::regclass AND "
+	    "indisvalid"), 1);
+	ck_assert_str_eq(setting(s, "statement_timeout", v, sizeof(v)),
+	    "500ms");
+	store_free(s);
+}
+END_TEST
+
+/* Rows out of retries in the outbox that the sweep has made DEAD. */
+#define SWEPT "SELECT count(*) FROM t_transactional_message WHERE " \
+	"message_status = 3 AND last_error LIKE 'retries exhausted%%'"
+
+/*
+ * The leader's sweep of rows out of retries runs on the main relay's
+ * session: a row locked elsewhere (an open psql transaction) held it for
+ * lock_timeout at every poll, or for good with no lock_timeout.  It is
+ * skipped, and swept once free.
+ */
+START_TEST(test_sweep_skips_a_locked_row)
+{
+	PGconn *holder = tl_pg();
+	struct store *s = store_open(3000);
+	int64_t t0, took, n = -1;
+	int rc;
+
+	tl_sql(db, "SELECT outbox_enqueue('', 'relay.spent', 'x', "
+	    "max_retry_times => 0, business_key => 'spent-' || g) FROM "
+	    "generate_series(1, 3) g");
+	tl_sql(holder, "BEGIN");
+	tl_sql(holder, "SELECT 1 FROM t_transactional_message WHERE "
+	    "business_key = 'spent-2' FOR UPDATE");
+	t0 = tl_ms();
+	rc = store_sweep_exhausted(s, &n);
+	took = tl_ms() - t0;
+	ck_assert_msg(rc == 0, "sweep after %lld ms: %s", (long long)took,
+	    store_error(s));
+	ck_assert_msg(took < 1000, "sweep took %lld ms", (long long)took);
+	ck_assert_int_eq(n, 2);
+	ck_assert_int_eq(tl_sql_int(db, SWEPT " AND business_key <> "
+	    "'spent-2'"), 2);
+	tl_sql(holder, "COMMIT");
+	ck_assert_msg(store_sweep_exhausted(s, &n) == 0, "sweep: %s",
+	    store_error(s));
+	ck_assert_int_eq(n, 1);
+	ck_assert_int_eq(tl_sql_int(db, SWEPT), 3);
+	PQfinish(holder);
+	store_free(s);
+}
+END_TEST
+
 int
 main(void)
 {
@@ -580,6 +753,15 @@ main(void)
 	tcase_add_test(tc, test_rabbitmq_restart_loses_nothing);
 	tcase_add_test(tc, test_postgres_restart_loses_nothing);
 	tcase_add_test(tc, test_notify_wakes_idle_relay);
+	suite_add_tcase(s, tc);
+	/* The store on its own, no outboxd: CK_RUN_CASE=store. */
+	tc = tcase_create("store");
+	tcase_add_checked_fixture(tc, setup, teardown);
+	tcase_set_timeout(tc, 120);
+	tcase_add_test(tc, test_pg_socket_bounds_unacknowledged_data);
+	tcase_add_test(tc, test_pg_backend_probes_its_client);
+	tcase_add_test(tc, test_migrate_outlasts_statement_timeout);
+	tcase_add_test(tc, test_sweep_skips_a_locked_row);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);

@@ -832,6 +832,17 @@ tl_port_open(int port)
 }
 
 int
+tl_sockopt(int fd, int level, int name)
+{
+	int v = -1;
+	socklen_t len = sizeof(v);
+
+	ck_assert_msg(getsockopt(fd, level, name, &v, &len) == 0,
+	    "getsockopt(%d, %d)", level, name);
+	return v;
+}
+
+int
 tl_free_port(void)
 {
 	struct sockaddr_in sin = { .sin_family = AF_INET };
@@ -997,4 +1008,23 @@ tl_rabbitmq_freeze(bool freeze)
 	 * moments could confirm what the test means to leave unconfirmed. */
 	ck_assert_msg(tl_wait_stopped(pid, 10000), "rabbitmq (pid %d) did "
 	    "not stop", pid);
+}
+
+long
+tl_proc_kib(pid_t pid, const char *field)
+{
+	char path[64], line[256];
+	size_t len = strlen(field);
+	long kib = -1;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+	f = fopen(path, "r");
+	ck_assert_msg(f != NULL, "%s: %s", path, strerror(errno));
+	while (fgets(line, sizeof(line), f) != NULL)
+		if (strncmp(line, field, len) == 0 && line[len] == ':')
+			kib = atol(line + len + 1);
+	fclose(f);
+	ck_assert_msg(kib > 0, "%s: no %s", path, field);
+	return kib;
 }

@@ -133,6 +133,10 @@ pid_t tl_rabbitmq_pid(void);
 bool tl_wait_stopped(pid_t pid, int timeout_ms);
 /* Whether something accepts TCP connections on 127.0.0.1:port. */
 bool tl_port_open(int port);
+/* An int socket option of fd (getsockopt); aborts the test on error. */
+int tl_sockopt(int fd, int level, int name);
+/* A "Vm…:" field of /proc/PID/status ("VmRSS", "VmHWM") in KiB. */
+long tl_proc_kib(pid_t, const char *field);
 /* A loopback TCP port that nothing is bound to now, from the kernel:
  * for a listener a test starts, so that nothing left from an earlier
  * test or suite can hold it. */
