@@ -65,14 +65,27 @@ cmd_status(struct store *s, int argc, char **argv)
 	return 0;
 }
 
+/* A field of the tab-separated table: a tab or line break in it (a
+ * broker's or producer's text) would break the row, so it is a space. */
+static void
+put_field(const char *s, char end)
+{
+	for (; *s != '\0'; s++)
+		putchar((unsigned char)*s < ' ' || *s == 0x7f ? ' ' : *s);
+	putchar(end);
+}
+
 static void
 print_dead(const struct dead_row *d, void *arg)
 {
 	(void)arg;
-	printf("%" PRId64 "\t%s\t%s\t%s\t%d\t%s\t%s\n", d->id,
-	    *d->exchange_name ? d->exchange_name : "(default)",
-	    d->routing_key, d->business_key, d->retries, d->edit_time,
-	    d->last_error);
+	printf("%" PRId64 "\t", d->id);
+	put_field(*d->exchange_name ? d->exchange_name : "(default)", '\t');
+	put_field(d->routing_key, '\t');
+	put_field(d->business_key, '\t');
+	printf("%d\t", d->retries);
+	put_field(d->edit_time, '\t');
+	put_field(d->last_error, '\n');
 }
 
 static int

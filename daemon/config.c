@@ -118,11 +118,14 @@ const struct key cfg_keys[] = {
 	{ .name = "rabbitmq.tls.enabled", .type = T_BOOL,
 	  .off = OFF(broker.tls), .def = "false" },
 	{ .name = "rabbitmq.tls.ca_file", .type = T_STRING,
-	  .flags = F_OPTIONAL | F_NONEMPTY, .off = OFF(broker.tls_ca_file) },
+	  .flags = F_OPTIONAL | F_NONEMPTY | F_ABSOLUTE,
+	  .off = OFF(broker.tls_ca_file) },
 	{ .name = "rabbitmq.tls.cert_file", .type = T_STRING,
-	  .flags = F_OPTIONAL | F_NONEMPTY, .off = OFF(broker.tls_cert_file) },
+	  .flags = F_OPTIONAL | F_NONEMPTY | F_ABSOLUTE,
+	  .off = OFF(broker.tls_cert_file) },
 	{ .name = "rabbitmq.tls.key_file", .type = T_STRING,
-	  .flags = F_OPTIONAL | F_NONEMPTY, .off = OFF(broker.tls_key_file) },
+	  .flags = F_OPTIONAL | F_NONEMPTY | F_ABSOLUTE,
+	  .off = OFF(broker.tls_key_file) },
 	{ .name = "rabbitmq.tls.verify_peer", .type = T_BOOL,
 	  .off = OFF(broker.tls_verify_peer), .def = "true" },
 	{ .name = "rabbitmq.tls.verify_hostname", .type = T_BOOL,
@@ -207,6 +210,26 @@ const struct key cfg_keys[] = {
 #define N_KEYS	ARRAY_LEN(cfg_keys)
 const size_t cfg_n_keys = N_KEYS;
 
+/*
+ * A password from the environment, less one trailing line end, as the
+ * first line of a password_file is: `X=$(cat f)` keeps none, but an
+ * env_file or a Kubernetes secret made --from-file keeps the file's,
+ * and the newline went to the server as part of the password ("password
+ * authentication failed", with `outboxd check` content).
+ */
+static char *
+env_secret(const char *val)
+{
+	char *secret = xstrdup(val);
+	size_t len = strlen(secret);
+
+	if (len > 1 && secret[len - 1] == '\n')
+		secret[--len] = '\0';
+	if (len > 1 && secret[len - 1] == '\r')
+		secret[--len] = '\0';
+	return secret;
+}
+
 /* The three passwords: a section's password, password_env, password_file
  * share a group number; index 0 is unused. */
 static const char *const group_section[] = {
@@ -224,6 +247,7 @@ struct problem {
 /* What the loader saw of each key. */
 struct seen {
 	bool present;		/* the key was written, whatever its value */
+	bool refused;		/* its value was bad (reported) */
 	bool given;		/* a valid, non-null value was set */
 	yaml_mark_t key_mark, val_mark;
 };
@@ -443,6 +467,18 @@ value_set(struct config *c, const struct key *k, const char *s, char *why,
 		if (*s == '\0' &&
 		    ((k->flags & F_NONEMPTY) || k->type != T_STRING)) {
 			strfmt(why, whysz, "must not be empty");
+			return -1;
+		}
+		/* A relative path was found where `outboxd check` ran and
+		 * then not by the service, which runs in / (systemd). The
+		 * value of a password_file is not echoed: a password may
+		 * have been pasted there by mistake. */
+		if (((k->flags & F_ABSOLUTE) || k->type == T_SECRET_FILE) &&
+		    *s != '/') {
+			strfmt(why, whysz, "must be an absolute path (outboxd "
+			    "opens it from its working directory, not the "
+			    "config file's)%s%s", k->type == T_SECRET_FILE ?
+			    "" : ", got ", k->type == T_SECRET_FILE ? "" : q);
 			return -1;
 		}
 		cfg_string_set(f, s, k->type == T_SECRET);
@@ -880,6 +916,7 @@ key_check(struct loader *L, int ki, yaml_node_t *kn, yaml_node_t *vn)
 	}
 	if (value_set(L->c, k, s, why, sizeof(why)) != 0) {
 		problem(L, &vn->start_mark, "%s: %s", k->name, why);
+		sn->refused = true;
 		return;
 	}
 	sn->given = true;
@@ -994,7 +1031,7 @@ secrets_resolve(struct loader *L)
 				strfmt(why, sizeof(why), "the environment "
 				    "variable is empty");
 			else
-				secret = xstrdup(val);
+				secret = env_secret(val);
 		} else {
 			secret = cfg_secret_file_read(
 			    *(char **)field(L->c, given[0]->off), why,
@@ -1177,7 +1214,12 @@ cross_check(struct loader *L)
 
 	secrets_resolve(L);
 	conninfo_check(L);
-	if ((b->tls_cert_file == NULL) != (b->tls_key_file == NULL)) {
+	/* The relay's claim leaves longer contents in the database. */
+	L->c->relay.max_payload = b->max_payload;
+	/* Unless the other one is there and refused (reported already). */
+	if ((b->tls_cert_file == NULL) != (b->tls_key_file == NULL) &&
+	    !L->seen[key_find(b->tls_cert_file != NULL ?
+	    "rabbitmq.tls.key_file" : "rabbitmq.tls.cert_file")].refused) {
 		bool cert = b->tls_cert_file != NULL;
 
 		ki = key_find(cert ? "rabbitmq.tls.cert_file" :

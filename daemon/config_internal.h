@@ -34,6 +34,7 @@ enum key_type {
 #define F_RELOAD	0x01	/* SIGHUP applies it; others need a restart */
 #define F_OPTIONAL	0x02	/* may be unset (NULL) */
 #define F_NONEMPTY	0x04	/* "" can never work */
+#define F_ABSOLUTE	0x08	/* a file's path: must start with / */
 #define F_SECONDS	0x08	/* duration kept as whole seconds in an int */
 #define F_AS_BOOL	0x10	/* two-name enum kept as a bool */
 #define F_CONNINFO	0x20	/* may embed a password: redacted in dumps */

@@ -8,9 +8,9 @@
  *    and libpq finds no password (nor sslpassword) in the dumped
  *    postgres.conninfo.
  * The config sources are compiled with -Dopen=fuzz_open: only files under
- * fuzz-secrets/ can be opened, and they are looked up in a temporary
- * directory made here, so no input can make the fuzzer read a FIFO, a
- * device or a real file.
+ * /fuzz-secrets/ (absolute, as password_file must be) can be opened, and
+ * they are looked up in a temporary directory made here, so no input can
+ * make the fuzzer read a FIFO, a device or a real file.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -35,13 +35,14 @@ int fuzz_open(const char *, int, ...);
 int
 fuzz_open(const char *path, int flags, ...)
 {
-	if (strncmp(path, SECRETS, strlen(SECRETS)) != 0 ||
+	if (path[0] != '/' ||
+	    strncmp(path + 1, SECRETS, strlen(SECRETS)) != 0 ||
 	    strstr(path, "..") != NULL) {
 		errno = ENOENT;
 		return -1;
 	}
 	/* openat: "open" itself is this function in this file. */
-	return openat(sandbox_fd, path, flags & ~O_CREAT);
+	return openat(sandbox_fd, path + 1, flags & ~O_CREAT);
 }
 
 static void

@@ -937,6 +937,30 @@ START_TEST(test_secret_from_env)
 }
 END_TEST
 
+/* A variable filled from a file keeps its newline (an env_file, a
+ * Kubernetes secret --from-file): one line end goes, as for a
+ * password_file; the password went to the server with it before. */
+START_TEST(test_secret_from_env_drops_one_line_end)
+{
+	struct result r;
+
+	setenv("OUTBOXD_TEST_LF", SECRET "\n", 1);
+	setenv("OUTBOXD_TEST_CRLF", SECRET "\r\n", 1);
+	setenv("OUTBOXD_TEST_TWO", SECRET "\n\n", 1);
+	assert_loads("postgres:\n  password_env: OUTBOXD_TEST_LF\n"
+	    "rabbitmq:\n  password_env: OUTBOXD_TEST_CRLF\n"
+	    "redis:\n  password_env: OUTBOXD_TEST_TWO\n", &r);
+	ck_assert_str_eq(r.c.store.password, SECRET);
+	ck_assert_str_eq(r.c.broker.password, SECRET);
+	/* Only one: anything more is the password's own. */
+	ck_assert_str_eq(r.c.lock.password, SECRET "\n");
+	result_free(&r);
+	unsetenv("OUTBOXD_TEST_LF");
+	unsetenv("OUTBOXD_TEST_CRLF");
+	unsetenv("OUTBOXD_TEST_TWO");
+}
+END_TEST
+
 START_TEST(test_secret_from_file)
 {
 	char good[128], open_file[128], empty[128], yaml[512];
@@ -1539,6 +1563,7 @@ main(void)
 	tcase_add_test(tc, test_invalid_utf8);
 	tcase_add_test(tc, test_corpus);
 	tcase_add_test(tc, test_secret_from_env);
+	tcase_add_test(tc, test_secret_from_env_drops_one_line_end);
 	tcase_add_test(tc, test_secret_from_file);
 	tcase_add_test(tc, test_secret_file_too_long);
 	tcase_add_test(tc, test_secret_never_printed);
