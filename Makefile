@@ -301,7 +301,7 @@ $(eval $(call FUZZ_RULE,config,$(FUZZ_CONFIG) \
 	$(FUZZ_HTTP),-Dopen=fuzz_open,-lyaml -lpq -lmicrohttpd -lm -lpthread))
 $(eval $(call FUZZ_RULE,duration,daemon/util.c,,))
 $(eval $(call FUZZ_RULE,listen,$(FUZZ_HTTP),,-lmicrohttpd -lm -lpthread))
-$(eval $(call FUZZ_RULE,logquote,daemon/log.c,,))
+$(eval $(call FUZZ_RULE,logquote,daemon/log.c daemon/util.c,,))
 $(eval $(call FUZZ_RULE,backoff,daemon/backoff.c,,-lm))
 # fuzz_pgarray.c includes daemon/store.c to reach its static decoder.
 $(eval $(call FUZZ_RULE,pgarray,daemon/backoff.c daemon/log.c \

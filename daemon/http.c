@@ -22,9 +22,13 @@
 #include "log.h"
 #include "metrics.h"
 
-/* A scraper needs one connection; a few more allow curl by hand.  Slow
- * or idle clients lose their slot after the timeout. */
-#define HTTP_MAX_CONNECTIONS 16u
+/* A scraper needs one connection; a few more allow curl by hand.  Idle
+ * clients lose their slot after the timeout, but one that trickles a
+ * byte now and then keeps it: so one address may hold only a few, and
+ * the health check and the scraper, from their own addresses, still get
+ * in (with 16 slots for everyone, one client could take them all). */
+#define HTTP_MAX_CONNECTIONS 64u
+#define HTTP_MAX_PER_ADDRESS 4u
 #define HTTP_TIMEOUT_S 10u
 
 struct http {
@@ -311,6 +315,7 @@ http_start(const struct http_conf *conf, char *err, size_t errlen)
 	    MHD_OPTION_EXTERNAL_LOGGER, mhd_log, h,
 	    MHD_OPTION_LISTEN_SOCKET, fd,
 	    MHD_OPTION_CONNECTION_LIMIT, HTTP_MAX_CONNECTIONS,
+	    MHD_OPTION_PER_IP_CONNECTION_LIMIT, HTTP_MAX_PER_ADDRESS,
 	    MHD_OPTION_CONNECTION_TIMEOUT, HTTP_TIMEOUT_S,
 	    MHD_OPTION_END);
 	if (h->daemon == NULL) {

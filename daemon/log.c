@@ -6,10 +6,13 @@
 
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "util.h"
 
 /* Set by SIGHUP's reload on the main thread, read by every thread. */
 static atomic_int current_level = LOG_INFO;
@@ -66,11 +69,53 @@ log_level_parse(const char *s, enum log_level *out)
 	return -1;
 }
 
+/*
+ * Appends what stands for the character at *p to buf if it fits (room
+ * counts what is left before the terminator and any closing quote) and
+ * returns how many input bytes it used, 0 when it did not fit.  Text is
+ * cut between characters only: a UTF-8 sequence cut in half made the
+ * whole line invalid, and journalctl showed it as "[N B blob data]"
+ * (a localized PostgreSQL error, a non-ASCII exchange name).  Bytes
+ * that are not UTF-8 become '?'.
+ */
+static size_t
+put_char(char *buf, size_t *n, size_t room, const unsigned char *p,
+    int quoted)
+{
+	char esc[2];
+	const char *out = esc;
+	size_t in = 1, len = 1;
+
+	if (quoted && (*p == '"' || *p == '\\' || *p == '\n')) {
+		esc[0] = '\\';
+		esc[1] = *p == '\n' ? 'n' : (char)*p;
+		len = 2;
+	} else if (*p < ' ' || *p == 0x7f) {
+		esc[0] = ' ';
+	} else if (*p >= 0x80) {
+		/* The sequence ends at the string's NUL at the latest. */
+		in = len = utf8_seq_len(p, 4);
+		if (len == 0) {
+			esc[0] = '?';
+			in = len = 1;
+		} else {
+			out = (const char *)p;
+		}
+	} else {
+		esc[0] = (char)*p;
+	}
+	if (len > room)
+		return 0;
+	memcpy(buf + *n, out, len);
+	*n += len;
+	return in;
+}
+
 const char *
 log_quote(char *buf, unsigned long size, const char *s)
 {
-	size_t n = 0;
-	int needs_quotes = (s == NULL || *s == '\0');
+	size_t n = 0, room, used;
+	int quoted = (s == NULL || *s == '\0');
 
 	if (size == 0)
 		return buf;
@@ -79,33 +124,107 @@ log_quote(char *buf, unsigned long size, const char *s)
 	for (const char *p = s; *p != '\0'; p++) {
 		unsigned char c = (unsigned char)*p;
 		if (c <= ' ' || c == '"' || c == '=' || c == '\\' || c == 0x7f)
-			needs_quotes = 1;
+			quoted = 1;
 	}
-	if (!needs_quotes) {
-		snprintf(buf, size, "%s", s);
-		return buf;
-	}
-	/* Reserve room for the closing quote and NUL. */
-	if (n + 1 < size)
+	/* Room for the text: less the terminator and both quotes (in a
+	 * buffer too small for both, the opening one alone). */
+	room = size - 1;
+	if (quoted && room > 0) {
 		buf[n++] = '"';
-	for (const char *p = s; *p != '\0' && n + 3 < size; p++) {
-		unsigned char c = (unsigned char)*p;
-		if (c == '"' || c == '\\') {
-			buf[n++] = '\\';
-			buf[n++] = (char)c;
-		} else if (c == '\n') {
-			buf[n++] = '\\';
-			buf[n++] = 'n';
-		} else if (c < ' ' || c == 0x7f) {
-			buf[n++] = ' ';
-		} else {
-			buf[n++] = (char)c;
-		}
+		room = room >= 2 ? room - 2 : 0;
 	}
-	if (n + 1 < size)
+	for (const unsigned char *p = (const unsigned char *)s; *p != '\0';
+	    p += used) {
+		size_t before = n;
+
+		used = put_char(buf, &n, room, p, quoted);
+		if (used == 0)
+			break;
+		room -= n - before;
+	}
+	if (quoted && n + 1 < size)
 		buf[n++] = '"';
-	buf[n < size ? n : size - 1] = '\0';
+	buf[n] = '\0';
 	return buf;
+}
+
+/* Appends the decimal digits of v, at least width of them. */
+static size_t
+put_digits(char *out, uint64_t v, int width)
+{
+	char tmp[24];
+	size_t n = 0, len = 0;
+
+	do {
+		tmp[n++] = (char)('0' + v % 10);
+		v /= 10;
+	} while (v > 0 || (int)n < width);
+	while (n > 0)
+		out[len++] = tmp[--n];
+	return len;
+}
+
+size_t
+log_utc_stamp(char *out, int64_t epoch_s, long ms)
+{
+	int64_t secs = epoch_s % 86400, days = epoch_s / 86400;
+	int64_t era, doe, yoe, doy, mp, year, month, day;
+	size_t len = 0;
+
+	/* Days since 1970-01-01 to a civil date (proleptic Gregorian, in
+	 * 400-year eras from 0000-03-01): gmtime_r is not signal-safe. */
+	days += 719468;
+	era = days / 146097;
+	doe = days - era * 146097;
+	yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+	doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+	mp = (5 * doy + 2) / 153;
+	day = doy - (153 * mp + 2) / 5 + 1;
+	month = mp < 10 ? mp + 3 : mp - 9;
+	year = yoe + era * 400 + (month <= 2);
+
+	len += put_digits(out + len, (uint64_t)year, 4);
+	out[len++] = '-';
+	len += put_digits(out + len, (uint64_t)month, 2);
+	out[len++] = '-';
+	len += put_digits(out + len, (uint64_t)day, 2);
+	out[len++] = 'T';
+	len += put_digits(out + len, (uint64_t)(secs / 3600), 2);
+	out[len++] = ':';
+	len += put_digits(out + len, (uint64_t)(secs / 60 % 60), 2);
+	out[len++] = ':';
+	len += put_digits(out + len, (uint64_t)(secs % 60), 2);
+	out[len++] = '.';
+	len += put_digits(out + len, (uint64_t)ms, 3);
+	out[len++] = 'Z';
+	out[len] = '\0';
+	return len;
+}
+
+void
+log_from_signal_handler(enum log_level level, const char *fields)
+{
+	char line[512];
+	struct timespec now;
+	size_t len, flen = strlen(fields), nlen;
+	const char *name = log_level_name(level);
+
+	clock_gettime(CLOCK_REALTIME, &now);
+	memcpy(line, "ts=", 3);
+	len = 3 + log_utc_stamp(line + 3, (int64_t)now.tv_sec,
+	    now.tv_nsec / 1000000);
+	memcpy(line + len, " level=", 7);
+	len += 7;
+	nlen = strlen(name);
+	memcpy(line + len, name, nlen);
+	len += nlen;
+	line[len++] = ' ';
+	if (flen > sizeof(line) - len - 1)
+		flen = sizeof(line) - len - 1;
+	memcpy(line + len, fields, flen);
+	len += flen;
+	line[len++] = '\n';
+	(void)!write(STDERR_FILENO, line, len);
 }
 
 void

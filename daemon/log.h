@@ -5,6 +5,9 @@
 #ifndef OUTBOXD_LOG_H
 #define OUTBOXD_LOG_H
 
+#include <stddef.h>
+#include <stdint.h>
+
 enum log_level { LOG_DEBUG, LOG_INFO, LOG_WARN, LOG_ERROR };
 
 void log_set_level(enum log_level);
@@ -27,6 +30,17 @@ void log_event(enum log_level, const char *msg, const char *fmt, ...)
 #define log_info(msg, ...) log_event(LOG_INFO, msg, __VA_ARGS__)
 #define log_warn(msg, ...) log_event(LOG_WARN, msg, __VA_ARGS__)
 #define log_error(msg, ...) log_event(LOG_ERROR, msg, __VA_ARGS__)
+
+/*
+ * For signal handlers: writes one line, "ts=… level=… " and then fields
+ * as given (msg first, already logfmt), with nothing that is not
+ * async-signal-safe (no stdio, no gmtime, no locks).  Always written,
+ * whatever the level.
+ */
+void log_from_signal_handler(enum log_level, const char *fields);
+/* Writes epoch_s and ms as "2026-11-23T11:30:00.123Z" (at most 24
+ * bytes and a NUL, years 1970–9999) without gmtime; returns the length. */
+size_t log_utc_stamp(char *out, int64_t epoch_s, long ms);
 
 /*
  * Writes s into buf as a logfmt value: quoted and escaped when it holds

@@ -41,9 +41,28 @@ on_stop(int sig)
 		_exit(1);
 	stop_requested = 1;
 	/* If the batch in flight cannot finish in time, SIGALRM ends the
-	 * process: its rows stay due and are sent again later. */
+	 * process (on_shutdown_timeout): its rows stay due and are sent
+	 * again later. */
 	if (shutdown_timeout_s > 0)
 		alarm((unsigned)shutdown_timeout_s);
+}
+
+/*
+ * relay.shutdown_timeout ran out.  A handler, not SIGALRM's default
+ * action: the kernel drops default-action signals sent to PID 1, so in a
+ * container (the image's outboxd is PID 1) the deadline did nothing and
+ * the stop waited for docker's SIGKILL; and where it did end the process,
+ * the log had no word of why.
+ */
+static void
+on_shutdown_timeout(int sig)
+{
+	(void)sig;
+	log_from_signal_handler(LOG_ERROR, "msg=\"shutdown timeout reached: "
+	    "exiting with batches unfinished\" hint=\"their rows stay due and "
+	    "are sent again; raise relay.shutdown_timeout if confirms are "
+	    "slow\"");
+	_exit(1);
 }
 
 static void
@@ -66,6 +85,8 @@ install_signals(void)
 	sigaction(SIGINT, &sa, NULL);
 	sa.sa_handler = on_reload;
 	sigaction(SIGHUP, &sa, NULL);
+	sa.sa_handler = on_shutdown_timeout;
+	sigaction(SIGALRM, &sa, NULL);
 	sa.sa_handler = SIG_IGN;
 	sigaction(SIGPIPE, &sa, NULL);
 }

@@ -1,14 +1,28 @@
 /*
  * Fuzzes log_quote(), which makes any string (an error from a server, a
  * row's last_error, a file name) safe as one logfmt value.  Whatever the
- * input and buffer size, the output must fit, be NUL-terminated and hold
- * no byte that would split or forge a log line.
+ * input and buffer size, the output must fit, be NUL-terminated, hold
+ * no byte that would split or forge a log line, and be valid UTF-8 (a
+ * character cut in half made journalctl show the line as a blob).
  */
 #include <stdbool.h>
 #include <string.h>
 
 #include "fuzz.h"
 #include "log.h"
+#include "util.h"
+
+static bool
+is_utf8(const char *s)
+{
+	size_t n = strlen(s), len;
+
+	for (size_t i = 0; i < n; i += len)
+		if ((len = utf8_seq_len((const unsigned char *)s + i,
+		    n - i)) == 0)
+			return false;
+	return true;
+}
 
 int
 LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -45,6 +59,10 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			FUZZ_CHECK(c != ' ' && c != '"' && c != '=',
 			    "'%c' in an unquoted value", c);
 	}
+	for (size_t i = 0, len; i < n; i += len) {
+		len = utf8_seq_len((const unsigned char *)buf + i, n - i);
+		FUZZ_CHECK(len > 0, "not UTF-8 at %zu: %s", i, buf);
+	}
 	if (quoted && bufsz >= 3) {
 		/* Inside the quotes every '"' and '\' is escaped, and the
 		 * closing quote is there even when the value was cut. */
@@ -63,8 +81,9 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			}
 		}
 	}
-	/* A value that needs no quoting and fits comes out as it is. */
-	if (!quoted && size < bufsz && strlen(s) == size)
+	/* A value that needs no quoting, is UTF-8 and fits comes out as
+	 * it is (bytes that are not UTF-8 become '?'). */
+	if (!quoted && size < bufsz && strlen(s) == size && is_utf8(s))
 		FUZZ_CHECK(strcmp(buf, s) == 0, "changed %s into %s", s, buf);
 out:
 	free(s);

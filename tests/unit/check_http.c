@@ -23,9 +23,10 @@ struct reply {
 	size_t body_len;
 };
 
-/* A connected socket to addr:port (numeric), or -1. */
+/* A connected socket from a loopback address (NULL: any) to addr:port
+ * (numeric), or -1. */
 static int
-dial(const char *addr, int port, int timeout_ms)
+dial_from(const char *from, const char *addr, int port, int timeout_ms)
 {
 	struct sockaddr_storage ss;
 	struct timeval tv = { timeout_ms / 1000, (timeout_ms % 1000) * 1000 };
@@ -52,11 +53,24 @@ dial(const char *addr, int port, int timeout_ms)
 	ck_assert_int_ge(fd, 0);
 	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
 	setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+	if (from != NULL) {
+		struct sockaddr_in src = { .sin_family = AF_INET };
+
+		ck_assert_int_eq(inet_pton(AF_INET, from, &src.sin_addr), 1);
+		ck_assert_int_eq(bind(fd, (struct sockaddr *)&src,
+		    sizeof(src)), 0);
+	}
 	if (connect(fd, (struct sockaddr *)&ss, len) == -1) {
 		close(fd);
 		return -1;
 	}
 	return fd;
+}
+
+static int
+dial(const char *addr, int port, int timeout_ms)
+{
+	return dial_from(NULL, addr, port, timeout_ms);
 }
 
 /* Sends raw request text and reads the answer until the server closes. */
@@ -426,20 +440,57 @@ START_TEST(test_slow_client)
 END_TEST
 
 /*
- * Past the connection limit new clients are turned away (or kept
- * waiting), and service comes back as soon as the idle ones leave.
+ * One client holding connections with half a request each, trickling a
+ * byte now and then (the idle timeout never ends them): it gets a few
+ * slots, and others are still served.  Before, it could take all 16.
+ */
+START_TEST(test_one_client_cannot_take_every_slot)
+{
+	int held[16], accepted = 0;
+	struct reply r;
+
+	for (size_t i = 0; i < ARRAY_LEN(held); i++) {
+		held[i] = dial_from("127.0.0.2", "127.0.0.1", port, 5000);
+		ck_assert_int_ge(held[i], 0);
+		ck_assert_int_eq(send(held[i], "GET /metr", 9, MSG_NOSIGNAL),
+		    9);
+	}
+	get(port, "/healthz", &r);
+	ck_assert_int_eq(r.status, 503);
+	free(r.body);
+	/* The server closed those past the per-address limit. */
+	for (size_t i = 0; i < ARRAY_LEN(held); i++) {
+		char c;
+		ssize_t n = send(held[i], "i", 1, MSG_NOSIGNAL);
+
+		if (n == 1 && recv(held[i], &c, 1, MSG_DONTWAIT) == -1 &&
+		    (errno == EAGAIN || errno == EWOULDBLOCK))
+			accepted++;
+		close(held[i]);
+	}
+	ck_assert_int_le(accepted, 4);
+	ck_assert_int_ge(accepted, 1);
+}
+END_TEST
+
+/*
+ * Past the connection limit (64: four from each of sixteen addresses)
+ * new clients are turned away (or kept waiting), and service comes back
+ * as soon as the idle ones leave.
  */
 START_TEST(test_connection_limit)
 {
-	int idle[16];
+	int idle[64];
+	char from[32];
 	struct reply r;
 	int64_t deadline;
 
 	for (size_t i = 0; i < ARRAY_LEN(idle); i++) {
-		idle[i] = dial("127.0.0.1", port, 5000);
+		strfmt(from, sizeof(from), "127.0.1.%zu", 1 + i / 4);
+		idle[i] = dial_from(from, "127.0.0.1", port, 5000);
 		ck_assert_int_ge(idle[i], 0);
 	}
-	/* Let the server take all sixteen before the next one arrives. */
+	/* Let the server take all of them before the next one arrives. */
 	sleep_ms(200, NULL);
 	request("127.0.0.1", port, "GET /healthz HTTP/1.0\r\n\r\n", &r, 500);
 	ck_assert_int_eq(r.status, 0);
@@ -486,6 +537,7 @@ http_suite(void)
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_set_timeout(tc, 30);
 	tcase_add_test(tc, test_slow_client);
+	tcase_add_test(tc, test_one_client_cannot_take_every_slot);
 	tcase_add_test(tc, test_connection_limit);
 	suite_add_tcase(s, tc);
 	return s;

@@ -2,6 +2,7 @@
 #include <check.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 #include "log.h"
 #include "util.h"
@@ -92,6 +93,50 @@ START_TEST(test_log_quote)
 }
 END_TEST
 
+/* Cut between characters, never inside one: half a UTF-8 sequence made
+ * the whole line invalid (journalctl showed a blob). */
+START_TEST(test_log_quote_keeps_utf8_whole)
+{
+	char buf[64];
+
+	/* "ошибка": 2 bytes a letter; 7 bytes of room take 3 letters. */
+	ck_assert_str_eq(log_quote(buf, 8, "\xd0\xbe\xd1\x88\xd0\xb8\xd0"
+	    "\xb1\xd0\xba\xd0\xb0"), "\xd0\xbe\xd1\x88\xd0\xb8");
+	/* Quoted: 5 bytes of room between the quotes. */
+	ck_assert_str_eq(log_quote(buf, 8, "a \xd0\xbe\xd1\x88\xd0\xb8"),
+	    "\"a \xd0\xbe\"");
+	/* A 4-byte sequence that does not fit is left out whole. */
+	ck_assert_str_eq(log_quote(buf, 4, "x\xf0\x9f\x98\x80"), "x");
+	ck_assert_str_eq(log_quote(buf, 6, "x\xf0\x9f\x98\x80"),
+	    "x\xf0\x9f\x98\x80");
+	/* Bytes that are not UTF-8, or a sequence cut short, become '?'. */
+	ck_assert_str_eq(log_quote(buf, sizeof(buf), "a\xff" "b\xd0"),
+	    "a?b?");
+	ck_assert_str_eq(log_quote(buf, sizeof(buf), "\xe2\x82"), "??");
+}
+END_TEST
+
+/* The signal handler's timestamp, without gmtime, against gmtime: every
+ * day from 1970 to 2200 (leap years, centuries, 2000), and the time of
+ * day's fields. */
+START_TEST(test_utc_stamp_matches_gmtime)
+{
+	char mine[32], want[40];
+	struct tm tm;
+
+	for (int64_t day = 0; day < 84000; day++) {
+		time_t t = (time_t)(day * 86400 + (day * 3607) % 86400);
+
+		gmtime_r(&t, &tm);
+		strftime(want, sizeof(want), "%Y-%m-%dT%H:%M:%S", &tm);
+		strcat(want, ".042Z");
+		ck_assert_uint_eq(log_utc_stamp(mine, (int64_t)t, 42),
+		    strlen(want));
+		ck_assert_str_eq(mine, want);
+	}
+}
+END_TEST
+
 START_TEST(test_str_replace_controls)
 {
 	char s[] = "a\tb\nc\x7f d\x01";
@@ -157,6 +202,8 @@ main(void)
 	tcase_add_test(tc, test_duration_format_roundtrip);
 	tcase_add_test(tc, test_int64_parse);
 	tcase_add_test(tc, test_log_quote);
+	tcase_add_test(tc, test_log_quote_keeps_utf8_whole);
+	tcase_add_test(tc, test_utc_stamp_matches_gmtime);
 	tcase_add_test(tc, test_log_level_parse);
 	tcase_add_test(tc, test_str_replace_controls);
 	tcase_add_test(tc, test_utf8_seq_len);
