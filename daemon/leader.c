@@ -40,6 +40,7 @@ struct leader {
 	bool fenced;		/* Redis key held, advisory lock not */
 	int64_t ttl_ms;		/* of the Redis key */
 	int64_t store_down_since;	/* 0 while the store session is up */
+	bool store_was_up;	/* since the start */
 	int64_t next_compensation_ms;
 	int64_t next_purge_ms;
 	struct leader_gauges gauges;
@@ -165,7 +166,10 @@ advisory_lock_too(struct leader *l)
  * of reach (its own partition, a password change, "too many clients").
  * So it gives the key up after a third of a ttl without the session (a
  * quick reconnect keeps it), and does not compete until the session is
- * back.  True when the election is left alone this tick.
+ * back.  At the start the same third of a ttl lets it compete before the
+ * relay's first connect: the key is taken on the first tick, not after
+ * a first batch (whose rows the workers may already have sent).  True
+ * when the election is left alone this tick.
  */
 static bool
 stand_aside_without_store(struct leader *l)
@@ -175,13 +179,14 @@ stand_aside_without_store(struct leader *l)
 
 	if (store_connected(l->store)) {
 		l->store_down_since = 0;
+		l->store_was_up = true;
 		return false;
 	}
 	if (l->store_down_since == 0)
 		l->store_down_since = now;
-	if (lock_held(l->lock) &&
+	if ((lock_held(l->lock) || !l->store_was_up) &&
 	    now - l->store_down_since < l->ttl_ms / 3)
-		return false;	/* renew on; the session may come back */
+		return false;	/* the session may come back, or come */
 	if (lock_held(l->lock)) {
 		log_warn("leader lock given up: no postgres session",
 		    "down_ms=%" PRId64 " error=%s", now - l->store_down_since,
