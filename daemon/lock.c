@@ -241,6 +241,16 @@ lock_connect(struct lock *l, int64_t deadline)
 			goto fail;
 		freeReplyObject(reply);
 	}
+	/* "Connected" means the server answered: a Redis that wants a
+	 * password (or runs in protected mode) takes the connection and
+	 * refuses every command, and each try looked like a reconnect. */
+	if (l->username == NULL && l->password == NULL && l->database == 0) {
+		reply = lock_command(l, deadline, R(REDIS_REPLY_STATUS), "PING",
+		    "PING");
+		if (reply == NULL)
+			goto fail;
+		freeReplyObject(reply);
+	}
 	log_info("redis connected", "addr=%s",
 	    log_quote(qaddr, sizeof(qaddr), l->addr));
 	l->connects++;

@@ -868,10 +868,21 @@ START_TEST(test_requirepass)
 	ck_assert_int_eq(lock_tick(anon), LOCK_UNAVAILABLE);
 	ck_assert_msg(strstr(lock_error(anon), "NOAUTH") != NULL, "error: %s",
 	    lock_error(anon));
+	/* Refused at once, on the next try too: no connection counted (it
+	 * was, and logged "redis connected", at every try). */
+	ck_assert_msg(strncmp(lock_error(anon), "PING ", 5) == 0, "error: %s",
+	    lock_error(anon));
 	ck_assert(lock_held(good));
 	lock_release(good);
 	/* This connection authenticated before the password was set. */
 	ck_assert_int_eq(admin_int(c, "EXISTS %s", key), 0);
+	/* The next try of the anonymous lock (after its backoff, which
+	 * would outlast the good one's validity) is refused the same way. */
+	for (int64_t end = now_mono_ms() + RECONNECT_WAIT_MS;
+	    lock_next_tick_ms(anon) > 0; nap_for(anon))
+		ck_assert_msg(now_mono_ms() < end, "no second try");
+	ck_assert_int_eq(lock_tick(anon), LOCK_UNAVAILABLE);
+	ck_assert_uint_eq(lock_reconnects(anon), 0);
 	admin_ok(c, "CONFIG SET requirepass %s", "");
 	lock_free(good);
 	lock_free(bad);
