@@ -15,6 +15,7 @@
 #include <sys/time.h>
 
 #include "broker.h"
+#include "log.h"
 
 /*
  * Channel 1 publishes with confirms.  Channel 2 runs exchange checks and
@@ -101,6 +102,8 @@ struct broker {
 	 * the broker's words. */
 	int64_t blocked_since_ms;
 	char blocked_reason[128];
+	/* "broker connect failed" repeats at every try while nodes refuse. */
+	struct log_limit connect_log;
 	char err[512];
 };
 

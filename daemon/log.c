@@ -70,6 +70,46 @@ log_level_parse(const char *s, enum log_level *out)
 }
 
 /*
+ * The generic cell rate algorithm: busy_until_ms moves on by one
+ * interval per line written and never lags behind now, so it holds the
+ * burst's state in one number.
+ */
+bool
+log_limit_pass(struct log_limit *limit, int64_t now_ms,
+    unsigned long *skipped)
+{
+	int64_t start = limit->busy_until_ms > now_ms ?
+	    limit->busy_until_ms : now_ms;
+
+	if (start - now_ms > (int64_t)(LOG_LIMIT_BURST - 1) *
+	    LOG_LIMIT_EVERY_MS) {
+		limit->skipped++;
+		return false;
+	}
+	limit->busy_until_ms = start + LOG_LIMIT_EVERY_MS;
+	*skipped = limit->skipped;
+	limit->skipped = 0;
+	return true;
+}
+
+void
+log_limit_reset(struct log_limit *limit)
+{
+	limit->busy_until_ms = 0;
+	limit->skipped = 0;
+}
+
+const char *
+log_skipped_field(char *buf, size_t size, unsigned long skipped)
+{
+	if (skipped == 0)
+		snprintf(buf, size, "%s", "");
+	else
+		snprintf(buf, size, " lines_skipped=%lu", skipped);
+	return buf;
+}
+
+/*
  * Appends what stands for the character at *p to buf if it fits (room
  * counts what is left before the terminator and any closing quote) and
  * returns how many input bytes it used, 0 when it did not fit.  Text is

@@ -5,6 +5,7 @@
 #ifndef OUTBOXD_LOG_H
 #define OUTBOXD_LOG_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -41,6 +42,31 @@ void log_from_signal_handler(enum log_level, const char *fields);
 /* Writes epoch_s and ms as "2026-11-23T11:30:00.123Z" (at most 24
  * bytes and a NUL, years 1970–9999) without gmtime; returns the length. */
 size_t log_utc_stamp(char *out, int64_t epoch_s, long ms);
+
+/*
+ * A limit for a line that repeats while a fault lasts ("rabbitmq
+ * unavailable" at every reconnect): with reconnect.max at 1ms a refused
+ * port would write a thousand lines a second, and the journal would
+ * rotate away what came before.  The first LOG_LIMIT_BURST lines pass,
+ * then one per LOG_LIMIT_EVERY_MS; a line that passes reports how many
+ * were skipped since the one before.  A zeroed struct is a full burst.
+ * Not shared between threads: each relay keeps its own.
+ */
+#define LOG_LIMIT_BURST 10
+#define LOG_LIMIT_EVERY_MS 1000
+struct log_limit {
+	int64_t busy_until_ms;	/* when the burst is whole again */
+	unsigned long skipped;	/* lines held back since the last one */
+};
+/* Whether a line may be written at now_ms (a monotonic clock); when it
+ * may, *skipped gets the count held back before it (then 0 again). */
+bool log_limit_pass(struct log_limit *, int64_t now_ms,
+    unsigned long *skipped);
+/* The fault is over: the next one starts with a whole burst. */
+void log_limit_reset(struct log_limit *);
+/* " lines_skipped=N" for a line written after N were held back, or ""
+ * when none was; buf needs 40 bytes. */
+const char *log_skipped_field(char *buf, size_t size, unsigned long skipped);
 
 /*
  * Writes s into buf as a logfmt value: quoted and escaped when it holds

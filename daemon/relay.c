@@ -63,6 +63,9 @@ struct relay {
 	 * once again would spin, and a failed mark republishes its batch. */
 	struct backoff_cursor cycle_retry;
 	int64_t cycle_retry_at;		/* monotonic ms */
+	/* The lines each fault repeats at every try, kept to a burst and
+	 * then one a second (short reconnect pacing would flood). */
+	struct log_limit store_log, broker_log, cycle_log;
 	int64_t failing_since_ms;	/* 0: the last cycle went through */
 	bool last_claim_cut;	/* the last batch was cut by its bytes */
 	/* The batches in hand: sides[0] on the main session; sides[1] on
@@ -384,6 +387,7 @@ cycle_done(struct relay *r)
 		    now_mono_ms() - r->failing_since_ms);
 		r->failing_since_ms = 0;
 		backoff_cursor_reset(&r->cycle_retry);
+		log_limit_reset(&r->cycle_log);
 	}
 }
 
@@ -479,10 +483,14 @@ side_mark(struct relay *r, struct side *x)
 	x->state = SIDE_FREE;
 	if (store_finish(x->store, &x->batch, x->marks, n) == -1) {
 		int64_t wait = cycle_failed(r);
+		unsigned long skipped;
 
-		log_error("marking failed", "rows=%zu retry_in_ms=%" PRId64
-		    " error=%s", n, wait, log_quote((char[600]){ 0 }, 600,
-		    store_error(x->store)));
+		if (log_limit_pass(&r->cycle_log, now_mono_ms(), &skipped))
+			log_error("marking failed", "rows=%zu retry_in_ms=%"
+			    PRId64 " error=%s%s", n, wait,
+			    log_quote((char[600]){ 0 }, 600,
+			    store_error(x->store)),
+			    log_skipped_field((char[40]){ 0 }, 40, skipped));
 		return -1;
 	}
 	count_marks(r, x, n);
@@ -510,10 +518,13 @@ claim_first(struct relay *r, size_t *claimed)
 	*claimed = n > 0 ? (size_t)n : 0;
 	if (n == -1) {
 		int64_t wait = cycle_failed(r);
+		unsigned long skipped;
 
-		log_error("claim failed", "retry_in_ms=%" PRId64 " error=%s",
-		    wait, log_quote((char[600]){ 0 }, 600,
-		    store_error(x->store)));
+		if (log_limit_pass(&r->cycle_log, now_mono_ms(), &skipped))
+			log_error("claim failed", "retry_in_ms=%" PRId64
+			    " error=%s%s", wait, log_quote((char[600]){ 0 },
+			    600, store_error(x->store)),
+			    log_skipped_field((char[40]){ 0 }, 40, skipped));
 	} else if (n == 0)
 		cycle_done(r);
 	return n;
@@ -634,6 +645,7 @@ ensure_store(struct relay *r)
 {
 	struct store *second = r->sides[1].store, *down;
 	int64_t now = now_mono_ms();
+	unsigned long skipped;
 
 	if (store_connected(r->store) &&
 	    (second == NULL || store_connected(second)))
@@ -662,13 +674,16 @@ ensure_store(struct relay *r)
 			metrics_inc_reconnect(METRICS_SERVER_POSTGRES);
 		r->store_ever_up = true;
 		backoff_cursor_reset(&r->store_retry);
+		log_limit_reset(&r->store_log);
 		r->store_was_up = true;
 		return true;
 	}
 	r->store_retry_at = now + backoff_cursor_next(&r->store_retry);
-	log_warn("postgres unavailable", "retry_in_ms=%" PRId64 " error=%s",
-	    r->store_retry_at - now,
-	    log_quote((char[600]){ 0 }, 600, store_error(down)));
+	if (log_limit_pass(&r->store_log, now, &skipped))
+		log_warn("postgres unavailable", "retry_in_ms=%" PRId64
+		    " error=%s%s", r->store_retry_at - now,
+		    log_quote((char[600]){ 0 }, 600, store_error(down)),
+		    log_skipped_field((char[40]){ 0 }, 40, skipped));
 	store_disconnect(r->store);
 	if (second != NULL)
 		store_disconnect(second);
@@ -679,6 +694,7 @@ static bool
 ensure_broker(struct relay *r)
 {
 	int64_t now = now_mono_ms();
+	unsigned long skipped;
 
 	if (broker_connected(r->broker))
 		return true;
@@ -689,11 +705,14 @@ ensure_broker(struct relay *r)
 			metrics_inc_reconnect(METRICS_SERVER_RABBITMQ);
 		r->broker_ever_up = true;
 		backoff_cursor_reset(&r->broker_retry);
+		log_limit_reset(&r->broker_log);
 		return true;
 	}
 	r->broker_retry_at = now + backoff_cursor_next(&r->broker_retry);
-	log_warn("rabbitmq unavailable", "retry_in_ms=%" PRId64,
-	    r->broker_retry_at - now);
+	if (log_limit_pass(&r->broker_log, now, &skipped))
+		log_warn("rabbitmq unavailable", "retry_in_ms=%" PRId64 "%s",
+		    r->broker_retry_at - now,
+		    log_skipped_field((char[40]){ 0 }, 40, skipped));
 	return false;
 }
 

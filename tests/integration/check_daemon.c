@@ -2087,6 +2087,46 @@ START_TEST(test_reload_before_ready)
 }
 END_TEST
 
+/*
+ * A fault that repeats at every try is logged in a burst, then once a
+ * second with the count of the lines held back: with reconnect.max at
+ * 1ms and a port that refuses, outboxd wrote about a thousand lines a
+ * second, and the journal rotated away what came before the outage.
+ */
+START_TEST(test_repeated_fault_lines_are_limited)
+{
+	char yaml[256], *log;
+	int64_t first, twelfth;
+	pid_t pid;
+
+	snprintf(yaml, sizeof(yaml), "rabbitmq.nodes: [\"127.0.0.1:%d\"]\n"
+	    "reconnect.init: 1ms\nreconnect.max: 1ms\nrelay.workers: 1\n"
+	    "redis.key: \"dmn:leader:flood\"\n", tl_free_port());
+	pid = start_with_queue(NULL, yaml);
+	log = log_of(pid);
+	ck_assert_msg(wait_log(log, "msg=\"rabbitmq unavailable\"", 1,
+	    20000), "log %s", log);
+	first = tl_ms();
+	ck_assert_msg(wait_log(log, "msg=\"rabbitmq unavailable\"", 12,
+	    20000), "log %s", log);
+	twelfth = tl_ms();
+	fprintf(stderr, "flood: 12 lines over %lld ms\n",
+	    (long long)(twelfth - first));
+	/* Ten at once, then one a second: the 12th two seconds after the
+	 * first (the old code: a few milliseconds). */
+	ck_assert_int_ge(twelfth - first, 1500);
+	ck_assert_int_ge(tl_file_lines(log, "msg=\"rabbitmq unavailable\"",
+	    "lines_skipped="), 2);
+	ck_assert_int_ge(tl_file_lines(log, "msg=\"broker connect failed\"",
+	    "lines_skipped="), 2);
+	ck_assert_int_lt(log_count(log, "msg=\"broker connect failed\""),
+	    log_count(log, "msg=\"rabbitmq unavailable\"") + 5);
+	ck_assert_int_eq(tl_outboxd_stop(pid, 25000), 0);
+	check_logfmt(log);
+	free(log);
+}
+END_TEST
+
 /* SigBlk of task tid of pid, from /proc. */
 static unsigned long long
 task_blocked(pid_t pid, const char *tid)
@@ -2472,6 +2512,7 @@ main(void)
 	tcase_add_test(tc, test_http_port_taken);
 	tcase_add_test(tc, test_systemd_notifications);
 	tcase_add_test(tc, test_reload_before_ready);
+	tcase_add_test(tc, test_repeated_fault_lines_are_limited);
 	tcase_add_test(tc, test_signals_reach_the_main_thread);
 	tcase_add_test(tc, test_health_reports_a_stall);
 	tcase_add_test(tc, test_lock_timeout_bounds_the_claim);

@@ -418,6 +418,21 @@ put_section_keys(FILE *f, const char *name, const char *extra,
 	return n;
 }
 
+/* Writes the base line "  key: value" of section unless extra sets
+ * "section.key" itself (a duplicate key is a config error). */
+static void
+put_base_key(FILE *f, const char *section, const char *line,
+    const char *extra)
+{
+	const char *key = line + 2;
+	char dotted[64];
+
+	snprintf(dotted, sizeof(dotted), "%s.%.*s:", section,
+	    (int)strcspn(key, ":"), key);
+	if (extra == NULL || !key_set_in(dotted, extra))
+		fputs(line, f);
+}
+
 /*
  * Writes section: then its base lines and the extra "section.key: v"
  * lines that belong to it.  OUTBOXD_TEST_YAML, in the same form, goes
@@ -442,13 +457,13 @@ write_config(FILE *f, const char *extra)
 
 		fprintf(f, "%s:\n", name);
 		if (strcmp(name, "postgres") == 0)
-			fputs(base_pg, f);
+			put_base_key(f, name, base_pg, extra);
 		else if (strcmp(name, "rabbitmq") == 0)
-			fputs(base_amqp, f);
+			put_base_key(f, name, base_amqp, extra);
 		else if (strcmp(name, "redis") == 0)
-			fputs(base_redis, f);
+			put_base_key(f, name, base_redis, extra);
 		else if (strcmp(name, "reconnect") == 0)
-			fputs("  max: 1s\n", f);
+			put_base_key(f, name, "  max: 1s\n", extra);
 		own = put_section_keys(f, name, extra, NULL);
 		(void)put_section_keys(f, name, every, extra);
 		/* Several instances in one test must not fight for a port. */

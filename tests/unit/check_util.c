@@ -190,6 +190,56 @@ START_TEST(test_log_level_parse)
 }
 END_TEST
 
+/*
+ * A fault that repeats at every try: the first ten lines pass, then one
+ * a second, and the line that passes says how many were held back.
+ */
+START_TEST(test_log_limit_burst_then_one_a_second)
+{
+	struct log_limit limit = { 0 };
+	const int64_t t0 = 5000000;
+	unsigned long skipped = 99, passed = 0;
+	char field[40];
+
+	/* A thousand tries in the first second (a 1 ms reconnect). */
+	for (int64_t t = t0; t < t0 + 1000; t++)
+		if (log_limit_pass(&limit, t, &skipped)) {
+			ck_assert_uint_eq(skipped, 0);
+			passed++;
+		}
+	ck_assert_uint_eq(passed, LOG_LIMIT_BURST);
+	/* The next one a second after the first, with the count of the
+	 * 990 held back. */
+	ck_assert(log_limit_pass(&limit, t0 + LOG_LIMIT_EVERY_MS, &skipped));
+	ck_assert_uint_eq(skipped, 1000 - LOG_LIMIT_BURST);
+	limit = (struct log_limit){ 0 };
+	for (int i = 0; i < LOG_LIMIT_BURST + 5; i++)
+		(void)log_limit_pass(&limit, t0, &skipped);
+	ck_assert(!log_limit_pass(&limit, t0 + LOG_LIMIT_EVERY_MS - 1,
+	    &skipped));
+	ck_assert(log_limit_pass(&limit, t0 + LOG_LIMIT_EVERY_MS, &skipped));
+	ck_assert_uint_eq(skipped, 6);
+	ck_assert_str_eq(log_skipped_field(field, sizeof(field), skipped),
+	    " lines_skipped=6");
+	/* Then one a second, each line counting the tries between. */
+	ck_assert(!log_limit_pass(&limit, t0 + LOG_LIMIT_EVERY_MS + 500,
+	    &skipped));
+	ck_assert(log_limit_pass(&limit, t0 + LOG_LIMIT_EVERY_MS * 2,
+	    &skipped));
+	ck_assert_uint_eq(skipped, 1);
+	/* Quiet for a while refills the burst... */
+	passed = 0;
+	for (int i = 0; i < 100; i++)
+		passed += log_limit_pass(&limit, t0 + 60000, &skipped);
+	ck_assert_uint_eq(passed, LOG_LIMIT_BURST);
+	/* ...and so does the end of the fault, without a stale count. */
+	log_limit_reset(&limit);
+	ck_assert(log_limit_pass(&limit, t0 + 60001, &skipped));
+	ck_assert_uint_eq(skipped, 0);
+	ck_assert_str_eq(log_skipped_field(field, sizeof(field), skipped), "");
+}
+END_TEST
+
 int
 main(void)
 {
@@ -202,6 +252,7 @@ main(void)
 	tcase_add_test(tc, test_duration_format_roundtrip);
 	tcase_add_test(tc, test_int64_parse);
 	tcase_add_test(tc, test_log_quote);
+	tcase_add_test(tc, test_log_limit_burst_then_one_a_second);
 	tcase_add_test(tc, test_log_quote_keeps_utf8_whole);
 	tcase_add_test(tc, test_utc_stamp_matches_gmtime);
 	tcase_add_test(tc, test_log_level_parse);
