@@ -424,6 +424,20 @@ store_setting(struct store *s, const char *name, char *buf, size_t size)
 	return 0;
 }
 
+int
+store_flush_stats(struct store *s)
+{
+	/* The force takes effect where the statement ends and the session
+	 * goes idle: before PQexec sees ReadyForQuery. */
+	PGresult *res = query(s, "flush stats",
+	    "SELECT pg_stat_force_next_flush()", 0, NULL, PGRES_TUPLES_OK);
+
+	if (res == NULL)
+		return -1;
+	PQclear(res);
+	return 0;
+}
+
 static const struct statement {
 	const char *name, *sql;
 	int nparams;

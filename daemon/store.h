@@ -117,6 +117,10 @@ int store_socket(const struct store *);
 /* For tests: the session's value of a setting (current_setting). */
 int store_setting(struct store *, const char *name, char *buf, size_t size)
     WARN_UNUSED;
+/* For tests: the session's statistics (tuples read) go to the shared
+ * views before this returns; PostgreSQL itself reports at most once a
+ * second, and a session that goes idle sooner reports 10 s later. */
+int store_flush_stats(struct store *) WARN_UNUSED;
 
 /* Applies every migration in order (idempotent). */
 int store_migrate(struct store *) WARN_UNUSED;

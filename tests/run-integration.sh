@@ -40,7 +40,10 @@ for t in "$@"; do
 		timeout "${SUITE_TIMEOUT:-900}" bash "$t" 2>&1 | tee "$out" ||
 			failed+=("${t##*/}")
 	else
-		timeout "${SUITE_TIMEOUT:-900}" "$t" 2>&1 | tee "$out" ||
+		# TEST_XML_DIR: Check's XML log per suite, with each test's
+		# duration (where a long run spends its time).
+		${TEST_XML_DIR:+env CK_XML_LOG_FILE_NAME="$TEST_XML_DIR/${t##*/}.xml"} \
+			timeout "${SUITE_TIMEOUT:-900}" "$t" 2>&1 | tee "$out" ||
 			failed+=("${t##*/}")
 	fi
 	# A suite that stopped a server leaves it down: bring it back.
