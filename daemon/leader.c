@@ -312,7 +312,10 @@ leader_backend(const struct leader *l)
 bool
 leader_redis_up(const struct leader *l)
 {
-	return l->lock != NULL && l->redis_was_up;
+	/* A holder riding out an outage still elects with Redis, but its
+	 * connection is down: the gauge says so from the first failure. */
+	return l->lock != NULL && l->redis_was_up &&
+	    lock_redis_up(l->lock);
 }
 
 uint64_t

@@ -643,6 +643,12 @@ lock_held(const struct lock *l)
 	return l->held && now_mono_ms() < l->valid_until;
 }
 
+bool
+lock_redis_up(const struct lock *l)
+{
+	return l->enabled && l->ctx != NULL;
+}
+
 void
 lock_release(struct lock *l)
 {

@@ -80,6 +80,11 @@ int64_t lock_next_tick_ms(const struct lock *);
 /* Held, and the conservative validity has not run out (even if
  * lock_tick has not been called since). */
 bool lock_held(const struct lock *);
+/* Whether a connection to Redis is open.  A command that fails drops
+ * it, so this turns false at the first failure of an outage, while a
+ * holder's lock_held stays true for the rest of its validity.  False
+ * when the lock is disabled. */
+bool lock_redis_up(const struct lock *);
 /* Gives the lock up: compare-and-delete if held, so another instance's
  * key is never deleted.  Logs the outcome; when Redis is down the key
  * simply expires after ttl.  A later lock_tick competes again. */

@@ -632,8 +632,20 @@ START_TEST(test_redis_down_and_back)
 
 	ck_assert_int_eq(lock_tick(a), LOCK_HELD);
 	ck_assert_int_eq(lock_tick(b), LOCK_NOT_HELD);
+	ck_assert(lock_redis_up(a) && lock_redis_up(b));
 	tl_servers("stop", "redis");
 	t0 = now_mono_ms();
+	/* a's renewal fails at ttl/3, a third of the ttl before its
+	 * validity runs out: the connection reads as down from then on,
+	 * while a still holds (the daemon's connection_up gauge; before,
+	 * it said up until the validity ran out). */
+	while (lock_redis_up(a)) {
+		ck_assert_int_eq(lock_tick(a), LOCK_HELD);
+		ck_assert_msg(now_mono_ms() < t0 + TTL_MS, "a never found "
+		    "redis down");
+		nap_ms(5);
+	}
+	ck_assert(lock_held(a));
 	/* b finds out at its next look (ttl/3), a at the latest when its
 	 * validity (2/3 ttl) runs out. */
 	longest = tick_both_until(a, b, LOCK_UNAVAILABLE, 2 * TTL_MS, false);
@@ -656,6 +668,7 @@ START_TEST(test_redis_down_and_back)
 	report("reacquired after redis start", now_mono_ms() - t0);
 	ck_assert(lock_held(a) != lock_held(b));
 	ck_assert_str_eq(lock_error(lock_held(a) ? a : b), "");
+	ck_assert(lock_redis_up(lock_held(a) ? a : b));
 	c = admin_tcp();
 	ck_assert_str_eq(admin_str(c, val, sizeof(val), "GET %s", key),
 	    lock_token(lock_held(a) ? a : b));
