@@ -43,6 +43,9 @@ struct leader {
 	bool store_was_up;	/* since the start */
 	int64_t next_compensation_ms;
 	int64_t next_purge_ms;
+	/* A compensation or advisory-lock try that keeps failing is
+	 * retried every poll interval (10 ms at the least). */
+	struct log_limit compensation_log, advisory_log;
 	struct leader_gauges gauges;
 };
 
@@ -120,10 +123,16 @@ hold_advisory_lock(struct leader *l)
 	if (!store_connected(l->store))
 		return -1;
 	if (store_try_leader_lock(l->store, &held) == -1) {
-		log_warn("advisory lock failed", "error=%s",
-		    log_quote((char[600]){ 0 }, 600, store_error(l->store)));
+		unsigned long skipped;
+
+		if (log_limit_pass(&l->advisory_log, now_mono_ms(), &skipped))
+			log_warn("advisory lock failed", "error=%s%s",
+			    log_quote((char[600]){ 0 }, 600,
+			    store_error(l->store)),
+			    log_skipped_field((char[40]){ 0 }, 40, skipped));
 		return -1;
 	}
+	log_limit_reset(&l->advisory_log);
 	return held ? 1 : 0;
 }
 
@@ -249,6 +258,7 @@ static void
 compensate(struct leader *l)
 {
 	int64_t n, purged = 0, started = now_mono_ms();
+	unsigned long skipped;
 
 	if (store_sweep_exhausted(l->store, &n) == -1)
 		goto fail;
@@ -275,14 +285,17 @@ compensate(struct leader *l)
 	if (store_counts(l->store, false, &l->gauges.counts) == -1)
 		goto fail;
 	l->gauges.valid = true;
+	log_limit_reset(&l->compensation_log);
 	/* A purge that filled its chunks has more to do: come back soon. */
 	l->next_compensation_ms = now_mono_ms() + (purged >= PURGE_CHUNK *
 	    PURGE_CHUNKS_PER_TICK ? 100 : leader_compensation_interval_ms(
 	    l->conf.poll_interval_ms, now_mono_ms() - started));
 	return;
 fail:
-	log_warn("compensation failed", "error=%s",
-	    log_quote((char[600]){ 0 }, 600, store_error(l->store)));
+	if (log_limit_pass(&l->compensation_log, now_mono_ms(), &skipped))
+		log_warn("compensation failed", "error=%s%s",
+		    log_quote((char[600]){ 0 }, 600, store_error(l->store)),
+		    log_skipped_field((char[40]){ 0 }, 40, skipped));
 	l->gauges.valid = false;
 	l->next_compensation_ms = now_mono_ms() + l->conf.poll_interval_ms;
 }

@@ -2088,6 +2088,29 @@ START_TEST(test_reload_before_ready)
 END_TEST
 
 /*
+ * Waits for the line msg to repeat 12 times: ten at once, then one a
+ * second, so the 12th comes two seconds after the first (without the
+ * limit: a few milliseconds), and the lines after the burst say how
+ * many were skipped.
+ */
+static void
+assert_lines_limited(const char *log, const char *msg)
+{
+	char needle[128];
+	int64_t first, twelfth;
+
+	snprintf(needle, sizeof(needle), "msg=\"%s\"", msg);
+	ck_assert_msg(wait_log(log, needle, 1, 20000), "log %s", log);
+	first = tl_ms();
+	ck_assert_msg(wait_log(log, needle, 12, 20000), "log %s", log);
+	twelfth = tl_ms();
+	fprintf(stderr, "%s: 12 lines over %lld ms\n", msg,
+	    (long long)(twelfth - first));
+	ck_assert_int_ge(twelfth - first, 1500);
+	ck_assert_int_ge(tl_file_lines(log, needle, "lines_skipped="), 2);
+}
+
+/*
  * A fault that repeats at every try is logged in a burst, then once a
  * second with the count of the lines held back: with reconnect.max at
  * 1ms and a port that refuses, outboxd wrote about a thousand lines a
@@ -2096,7 +2119,6 @@ END_TEST
 START_TEST(test_repeated_fault_lines_are_limited)
 {
 	char yaml[256], *log;
-	int64_t first, twelfth;
 	pid_t pid;
 
 	snprintf(yaml, sizeof(yaml), "rabbitmq.nodes: [\"127.0.0.1:%d\"]\n"
@@ -2104,23 +2126,49 @@ START_TEST(test_repeated_fault_lines_are_limited)
 	    "redis.key: \"dmn:leader:flood\"\n", tl_free_port());
 	pid = start_with_queue(NULL, yaml);
 	log = log_of(pid);
-	ck_assert_msg(wait_log(log, "msg=\"rabbitmq unavailable\"", 1,
-	    20000), "log %s", log);
-	first = tl_ms();
-	ck_assert_msg(wait_log(log, "msg=\"rabbitmq unavailable\"", 12,
-	    20000), "log %s", log);
-	twelfth = tl_ms();
-	fprintf(stderr, "flood: 12 lines over %lld ms\n",
-	    (long long)(twelfth - first));
-	/* Ten at once, then one a second: the 12th two seconds after the
-	 * first (the old code: a few milliseconds). */
-	ck_assert_int_ge(twelfth - first, 1500);
-	ck_assert_int_ge(tl_file_lines(log, "msg=\"rabbitmq unavailable\"",
-	    "lines_skipped="), 2);
+	assert_lines_limited(log, "rabbitmq unavailable");
 	ck_assert_int_ge(tl_file_lines(log, "msg=\"broker connect failed\"",
 	    "lines_skipped="), 2);
 	ck_assert_int_lt(log_count(log, "msg=\"broker connect failed\""),
 	    log_count(log, "msg=\"rabbitmq unavailable\"") + 5);
+	ck_assert_int_eq(tl_outboxd_stop(pid, 25000), 0);
+	check_logfmt(log);
+	free(log);
+}
+END_TEST
+
+/*
+ * The leader's compensation retries every poll interval (10 ms at the
+ * least): one that keeps failing (here a trigger refuses the sweep that
+ * marks exhausted rows dead) is logged in a burst, then once a second.
+ * The old code wrote a line at every try.
+ */
+START_TEST(test_failing_compensation_lines_are_limited)
+{
+	char *log;
+	pid_t pid;
+
+	tl_sql(db, "CREATE OR REPLACE FUNCTION dmn_refuse_sweep()"
+	    " RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+	    " RAISE EXCEPTION 'dmn: sweep refused'; END $$");
+	tl_sql(db, "CREATE TRIGGER dmn_refuse_sweep BEFORE UPDATE ON"
+	    " t_transactional_message FOR EACH ROW WHEN"
+	    " (NEW.message_status = 3 AND NEW.routing_key = 'dmn.sweepfail')"
+	    " EXECUTE FUNCTION dmn_refuse_sweep()");
+	tl_sql(db, "INSERT INTO t_transactional_message (queue_name,"
+	    " routing_key, message_status, current_retry_times,"
+	    " max_retry_times) VALUES ('', 'dmn.sweepfail', 2, 3, 2)");
+	pid = start_with_queue(NULL, "relay.poll_interval: 10ms\n"
+	    "redis.key: \"dmn:leader:sweepfail\"\n");
+	log = log_of(pid);
+	assert_lines_limited(log, "compensation failed");
+	ck_assert_int_ge(log_count(log, "dmn: sweep refused"), 12);
+
+	/* The fault ends: the row goes dead at the next try. */
+	tl_sql(db, "DROP TRIGGER dmn_refuse_sweep ON t_transactional_message");
+	tl_sql(db, "DROP FUNCTION dmn_refuse_sweep()");
+	ck_assert_int_eq(tl_wait_sql_int(db, 1, 10000, COUNT_STATUS(3)
+	    " AND routing_key = 'dmn.sweepfail'"), 1);
 	ck_assert_int_eq(tl_outboxd_stop(pid, 25000), 0);
 	check_logfmt(log);
 	free(log);
@@ -2513,6 +2561,7 @@ main(void)
 	tcase_add_test(tc, test_systemd_notifications);
 	tcase_add_test(tc, test_reload_before_ready);
 	tcase_add_test(tc, test_repeated_fault_lines_are_limited);
+	tcase_add_test(tc, test_failing_compensation_lines_are_limited);
 	tcase_add_test(tc, test_signals_reach_the_main_thread);
 	tcase_add_test(tc, test_health_reports_a_stall);
 	tcase_add_test(tc, test_lock_timeout_bounds_the_claim);
