@@ -156,40 +156,70 @@ backoff_params_default(struct backoff_params *p)
 	p->max_attempts = 0;
 }
 
+/* Sets the names of the settings a problem is about (the second may be
+ * NULL) and returns the message. */
+static const char *
+culprits(const char **keys, const char *first, const char *second,
+    const char *msg)
+{
+	keys[0] = first;
+	keys[1] = second;
+	return msg;
+}
+
+const char *
+backoff_params_check_keys(const struct backoff_params *p,
+    const char *keys[2])
+{
+	const char **k = keys;
+
+	if ((unsigned)p->strategy >= N_STRATEGIES)
+		return culprits(k, "strategy", NULL,
+		    "unknown backoff strategy");
+	if ((unsigned)p->jitter >= N_JITTERS)
+		return culprits(k, "jitter", NULL, "unknown jitter mode");
+	if (p->init_ms < 0)
+		return culprits(k, "init", NULL,
+		    "initial delay must not be negative");
+	if (p->init_ms == 0 && p->strategy != BACKOFF_RANDOM)
+		return culprits(k, "init", "strategy",
+		    "initial delay must be at least 1ms "
+		    "(0 would retry in a busy loop)");
+	if (p->max_ms <= 0)
+		return culprits(k, "max", NULL,
+		    "maximum delay must be at least 1ms");
+	if (p->strategy == BACKOFF_RANDOM && p->init_ms >= p->max_ms)
+		return culprits(k, "init", "max", "random needs the minimum "
+		    "(initial delay) below the maximum");
+	/* !(x >= 1) also catches NaN. */
+	if (!(p->factor >= 1.0) || isinf(p->factor))
+		return culprits(k, "factor", NULL,
+		    "factor must be a finite number of at least 1");
+	if (!(p->jitter_factor >= 0.0 && p->jitter_factor <= 1.0))
+		return culprits(k, "jitter_factor", NULL,
+		    "jitter factor must be between 0 and 1");
+	if (p->max_attempts < 0)
+		return culprits(k, "max_attempts", NULL, "maximum attempts "
+		    "must not be negative (0 = unlimited)");
+	if (p->jitter != JITTER_NONE && (p->strategy == BACKOFF_RANDOM ||
+	    p->strategy == BACKOFF_ETHERNET))
+		return culprits(k, "jitter", "strategy", "jitter applies only "
+		    "to the exponential, fixed and fibonacci strategies "
+		    "(random and ethernet are random already)");
+	if (p->jitter == JITTER_DECORRELATED &&
+	    p->strategy != BACKOFF_EXPONENTIAL)
+		return culprits(k, "jitter", "strategy", "decorrelated jitter "
+		    "replaces the schedule: use it with the exponential "
+		    "strategy");
+	return culprits(k, NULL, NULL, NULL);
+}
+
 const char *
 backoff_params_check(const struct backoff_params *p)
 {
-	if ((unsigned)p->strategy >= N_STRATEGIES)
-		return "unknown backoff strategy";
-	if ((unsigned)p->jitter >= N_JITTERS)
-		return "unknown jitter mode";
-	if (p->init_ms < 0)
-		return "initial delay must not be negative";
-	if (p->init_ms == 0 && p->strategy != BACKOFF_RANDOM)
-		return "initial delay must be at least 1ms "
-		    "(0 would retry in a busy loop)";
-	if (p->max_ms <= 0)
-		return "maximum delay must be at least 1ms";
-	if (p->strategy == BACKOFF_RANDOM && p->init_ms >= p->max_ms)
-		return "random needs the minimum (initial delay) below "
-		    "the maximum";
-	/* !(x >= 1) also catches NaN. */
-	if (!(p->factor >= 1.0) || isinf(p->factor))
-		return "factor must be a finite number of at least 1";
-	if (!(p->jitter_factor >= 0.0 && p->jitter_factor <= 1.0))
-		return "jitter factor must be between 0 and 1";
-	if (p->max_attempts < 0)
-		return "maximum attempts must not be negative (0 = unlimited)";
-	if (p->jitter != JITTER_NONE && (p->strategy == BACKOFF_RANDOM ||
-	    p->strategy == BACKOFF_ETHERNET))
-		return "jitter applies only to the exponential, fixed and "
-		    "fibonacci strategies (random and ethernet are random "
-		    "already)";
-	if (p->jitter == JITTER_DECORRELATED &&
-	    p->strategy != BACKOFF_EXPONENTIAL)
-		return "decorrelated jitter replaces the schedule: use it "
-		    "with the exponential strategy";
-	return NULL;
+	const char *keys[2];
+
+	return backoff_params_check_keys(p, keys);
 }
 
 /* init × factor^attempt, clamped to max; init and max are >= 0. */

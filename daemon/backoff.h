@@ -76,6 +76,11 @@ void backoff_params_default(struct backoff_params *);
  * docs/BACKOFF.md), but a config or row that fails it should be refused.
  */
 const char *backoff_params_check(const struct backoff_params *);
+/* The same, and keys[0] and keys[1] name the settings the problem is
+ * about ("init", "max", "jitter", "strategy", …; keys[1] NULL when one
+ * is), so that a config error can point at the one that was written. */
+const char *backoff_params_check_keys(const struct backoff_params *,
+    const char *keys[2]);
 
 /*
  * Delay before the next attempt after `attempt` failures have been seen

@@ -1073,6 +1073,23 @@ section_mark(struct loader *L, const char *section)
 	return m;
 }
 
+/* For a problem with keys of section that backoff_params_check_keys
+ * named: the first of them the file gives, else the section's first key
+ * (the backoff keys of rows, such as init, are no settings). */
+static const yaml_mark_t *
+culprit_mark(struct loader *L, const char *section, const char *keys[2])
+{
+	char name[64];
+	int ki;
+
+	for (int i = 0; i < 2 && keys[i] != NULL; i++) {
+		snprintf(name, sizeof(name), "%s.%s", section, keys[i]);
+		if ((ki = key_find(name)) >= 0 && L->seen[ki].given)
+			return &L->seen[ki].key_mark;
+	}
+	return section_mark(L, section);
+}
+
 /* Whether a conninfo may hold a password: a password keyword or
  * parameter (sslpassword too, or a name %-encoded in a URI), or a URI's
  * user:password@. */
@@ -1209,7 +1226,7 @@ cross_check(struct loader *L)
 {
 	struct broker_conf *b = &L->c->broker;
 	struct backoff_params rows_backoff;
-	const char *msg;
+	const char *msg, *keys[2];
 	int ki;
 
 	secrets_resolve(L);
@@ -1234,19 +1251,24 @@ cross_check(struct loader *L)
 	 * below 5s; a row that does not gets its note and the cap). */
 	rows_backoff = L->c->relay.backoff;
 	rows_backoff.init_ms = rows_backoff.strategy == BACKOFF_RANDOM ? 0 : 1;
-	msg = backoff_params_check(&rows_backoff);
+	msg = backoff_params_check_keys(&rows_backoff, keys);
 	if (msg != NULL)
-		problem(L, section_mark(L, "backoff"), "backoff: %s", msg);
-	msg = backoff_params_check(&L->c->relay.reconnect);
+		problem(L, culprit_mark(L, "backoff", keys), "backoff: %s",
+		    msg);
+	msg = backoff_params_check_keys(&L->c->relay.reconnect, keys);
 	if (msg != NULL)
-		problem(L, section_mark(L, "reconnect"), "reconnect: %s", msg);
+		problem(L, culprit_mark(L, "reconnect", keys), "reconnect: %s",
+		    msg);
 	/* The cap would silently win over the first delay: surely a slip. */
 	if (L->c->relay.reconnect.init_ms > L->c->relay.reconnect.max_ms) {
 		char init[32], max[32];
 
-		problem(L, section_mark(L, "reconnect"), "reconnect: init (%s) "
-		    "must not be more than max (%s)", config_fmt_duration(init,
-		    sizeof(init), L->c->relay.reconnect.init_ms),
+		keys[0] = "init";
+		keys[1] = "max";
+		problem(L, culprit_mark(L, "reconnect", keys),
+		    "reconnect: init (%s) must not be more than max (%s)",
+		    config_fmt_duration(init, sizeof(init),
+		    L->c->relay.reconnect.init_ms),
 		    config_fmt_duration(max, sizeof(max),
 		    L->c->relay.reconnect.max_ms));
 	}

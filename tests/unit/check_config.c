@@ -710,8 +710,30 @@ START_TEST(test_random_backoff_cap)
 	ck_assert_int_eq(r.c.relay.backoff.max_ms, 5000);
 	result_free(&r);
 	assert_errors("reconnect:\n  strategy: random\n  init: 10s\n"
-	    "  max: 10s\n", "t.yml:2:3: reconnect: random needs the minimum "
+	    "  max: 10s\n", "t.yml:3:3: reconnect: random needs the minimum "
 	    "(initial delay) below the maximum\n");
+}
+END_TEST
+
+/* An error about two settings points at the one the file gives (the
+ * first named when it gives both), not at the section's first key. */
+START_TEST(test_combination_errors_point_at_a_culprit)
+{
+	assert_errors("reconnect:\n  max: 1s\n  init: 5s\n",
+	    "t.yml:3:3: reconnect: init (5s) must not be more than max "
+	    "(1s)\n");
+	assert_errors("reconnect:\n  init: 1s\n  factor: 3\n  max: 500ms\n",
+	    "t.yml:2:3: reconnect: init (1s) must not be more than max "
+	    "(500ms)\n");
+	/* The default jitter (equal) meets the strategy written. */
+	assert_errors("reconnect:\n  max: 5s\n  strategy: ethernet\n",
+	    "t.yml:3:3: reconnect: jitter applies only to the exponential, "
+	    "fixed and fibonacci strategies (random and ethernet are random "
+	    "already)\n");
+	assert_errors("backoff:\n  max: 5s\n  strategy: fixed\n"
+	    "  jitter: decorrelated\n", "t.yml:4:3: backoff: decorrelated "
+	    "jitter replaces the schedule: use it with the exponential "
+	    "strategy\n");
 }
 END_TEST
 
@@ -1556,6 +1578,7 @@ main(void)
 	tcase_add_test(tc, test_value_parsers);
 	tcase_add_test(tc, test_backoff_names_agree);
 	tcase_add_test(tc, test_random_backoff_cap);
+	tcase_add_test(tc, test_combination_errors_point_at_a_culprit);
 	tcase_add_test(tc, test_file_size_limit);
 	tcase_add_test(tc, test_nodes_limit);
 	tcase_add_test(tc, test_value_echo_is_escaped_and_cut);
