@@ -776,6 +776,37 @@ node_get(struct loader *L, int index)
 	return yaml_document_get_node(L->doc, index);
 }
 
+/* One item of rabbitmq.nodes into *out; false (reported) if bad. */
+static bool
+parse_node_item(struct loader *L, const struct key *k, yaml_node_t *item,
+    struct broker_node *out)
+{
+	char why[512];
+	const char *s;
+
+	if (item->type != YAML_SCALAR_NODE) {
+		problem(L, &item->start_mark, "%s: expected \"host:port\", "
+		    "got %s", k->name, node_kind(item));
+		return false;
+	}
+	s = is_null(item) ? "" : (const char *)item->data.scalar.value;
+	if (strlen(s) != item->data.scalar.length && !is_null(item)) {
+		problem(L, &item->start_mark, "%s: must not contain a NUL "
+		    "byte", k->name);
+		return false;
+	}
+	if (config_parse_hostport(s, k->port, k->port, &out->host, &out->port,
+	    why, sizeof(why)) != 0) {
+		problem(L, &item->start_mark, "%s: %s", k->name, why);
+		return false;
+	}
+	return true;
+}
+
+static bool alias_enter(struct loader *, const yaml_mark_t *,
+    const yaml_node_t *);
+static void alias_done(struct loader *, bool);
+
 static void
 nodes_from_list(struct loader *L, const struct key *k, yaml_node_t *list,
     bool *ok)
@@ -784,7 +815,6 @@ nodes_from_list(struct loader *L, const struct key *k, yaml_node_t *list,
 	struct broker_conf *b = field(L->c, k->off);
 	yaml_node_item_t *it = list->data.sequence.items.start;
 	size_t n = (size_t)(list->data.sequence.items.top - it), got = 0;
-	char why[512];
 
 	*ok = false;
 	if (n == 0) {
@@ -799,25 +829,12 @@ nodes_from_list(struct loader *L, const struct key *k, yaml_node_t *list,
 	}
 	for (size_t i = 0; i < n; i++) {
 		yaml_node_t *item = node_get(L, it[i]);
-		const char *s;
+		/* An item written as *name: reported at the list. */
+		bool alias = alias_enter(L, &list->start_mark, item);
 
-		if (item->type != YAML_SCALAR_NODE) {
-			problem(L, &item->start_mark, "%s: expected "
-			    "\"host:port\", got %s", k->name, node_kind(item));
-			continue;
-		}
-		s = is_null(item) ? "" : (const char *)item->data.scalar.value;
-		if (strlen(s) != item->data.scalar.length && !is_null(item)) {
-			problem(L, &item->start_mark, "%s: must not contain a "
-			    "NUL byte", k->name);
-			continue;
-		}
-		if (config_parse_hostport(s, k->port, k->port, &tmp[got].host,
-		    &tmp[got].port, why, sizeof(why)) != 0) {
-			problem(L, &item->start_mark, "%s: %s", k->name, why);
-			continue;
-		}
-		got++;
+		if (parse_node_item(L, k, item, &tmp[got]))
+			got++;
+		alias_done(L, alias);
 	}
 	if (got < n) {
 		for (size_t i = 0; i < got; i++)
@@ -837,11 +854,11 @@ nodes_from_list(struct loader *L, const struct key *k, yaml_node_t *list,
  * line.  Returns whether it set that up, for alias_done().
  */
 static bool
-alias_enter(struct loader *L, const yaml_node_t *kn, const yaml_node_t *vn)
+alias_enter(struct loader *L, const yaml_mark_t *at, const yaml_node_t *vn)
 {
-	if (L->alias_at != NULL || vn->start_mark.index >= kn->start_mark.index)
+	if (L->alias_at != NULL || vn->start_mark.index >= at->index)
 		return false;
-	L->alias_at = &kn->start_mark;
+	L->alias_at = at;
 	L->anchor_line = (unsigned long)vn->start_mark.line + 1;
 	return true;
 }
@@ -859,7 +876,7 @@ static void key_check(struct loader *, int ki, yaml_node_t *kn,
 static void
 key_set(struct loader *L, int ki, yaml_node_t *kn, yaml_node_t *vn)
 {
-	bool alias = alias_enter(L, kn, vn);
+	bool alias = alias_enter(L, &kn->start_mark, vn);
 
 	key_check(L, ki, kn, vn);
 	alias_done(L, alias);
@@ -970,7 +987,7 @@ walk(struct loader *L, yaml_node_t *map, const char *prefix)
 		if (ki >= 0) {
 			key_set(L, ki, kn, vn);
 		} else if (is_section(path)) {
-			bool alias = alias_enter(L, kn, vn);
+			bool alias = alias_enter(L, &kn->start_mark, vn);
 
 			if (vn->type == YAML_MAPPING_NODE)
 				walk(L, vn, path);
