@@ -91,6 +91,23 @@ install_signals(void)
 	sigaction(SIGPIPE, &sa, NULL);
 }
 
+/*
+ * glibc's resolver waits 5 s for each nameserver and goes round them
+ * twice: with three that do not answer, one lookup took 28 s.  libpq,
+ * rabbitmq-c and hiredis resolve with it on the thread that connects,
+ * so the main loop stood still past the 30 s watchdog and the shutdown
+ * timeout.  Unless RES_OPTIONS is set (empty keeps resolv.conf's own
+ * options), each query now waits 1 s and is sent twice: 6 s with three
+ * nameservers.  Before any thread and lookup: each thread's resolver
+ * reads it when it starts.
+ */
+static void
+bound_dns_lookups(void)
+{
+	if (getenv("RES_OPTIONS") == NULL)
+		(void)setenv("RES_OPTIONS", "timeout:1 attempts:2", 0);
+}
+
 static void
 usage(FILE *out)
 {
@@ -424,6 +441,7 @@ main(int argc, char **argv)
 	struct config cfg;
 	int opt, rc;
 
+	bound_dns_lookups();
 	if (path == NULL)
 		path = DEFAULT_CONFIG;
 	/* '+' stops at the command so its own options pass through. */
