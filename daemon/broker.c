@@ -754,8 +754,6 @@ broker_connect(struct broker *b)
 		return -1;
 	}
 	for (size_t i = 0; i < b->conf.n_nodes; i++) {
-		unsigned long skipped;
-
 		if (connect_node(b, &b->conf.nodes[i]) == 0) {
 			log_info("broker connected", "node=%s tls=%s "
 			    "frame_max=%d heartbeat_s=%d", b->node,
@@ -765,10 +763,9 @@ broker_connect(struct broker *b)
 			log_limit_reset(&b->connect_log);
 			return 0;
 		}
-		if (log_limit_pass(&b->connect_log, now_mono_ms(), &skipped))
-			log_warn("broker connect failed", "node=%s error=%s%s",
-			    b->node, log_quote(qerr, sizeof(qerr), b->err),
-			    log_skipped_field((char[40]){ 0 }, 40, skipped));
+		log_event_limited(&b->connect_log, LOG_WARN,
+		    "broker connect failed", "node=%s error=%s", b->node,
+		    log_quote(qerr, sizeof(qerr), b->err));
 	}
 	return -1;
 }

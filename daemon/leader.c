@@ -123,13 +123,9 @@ hold_advisory_lock(struct leader *l)
 	if (!store_connected(l->store))
 		return -1;
 	if (store_try_leader_lock(l->store, &held) == -1) {
-		unsigned long skipped;
-
-		if (log_limit_pass(&l->advisory_log, now_mono_ms(), &skipped))
-			log_warn("advisory lock failed", "error=%s%s",
-			    log_quote((char[600]){ 0 }, 600,
-			    store_error(l->store)),
-			    log_skipped_field((char[40]){ 0 }, 40, skipped));
+		log_event_limited(&l->advisory_log, LOG_WARN,
+		    "advisory lock failed", "error=%s",
+		    log_quote((char[600]){ 0 }, 600, store_error(l->store)));
 		return -1;
 	}
 	log_limit_reset(&l->advisory_log);
@@ -258,7 +254,6 @@ static void
 compensate(struct leader *l)
 {
 	int64_t n, purged = 0, started = now_mono_ms();
-	unsigned long skipped;
 
 	if (store_sweep_exhausted(l->store, &n) == -1)
 		goto fail;
@@ -292,10 +287,9 @@ compensate(struct leader *l)
 	    l->conf.poll_interval_ms, now_mono_ms() - started));
 	return;
 fail:
-	if (log_limit_pass(&l->compensation_log, now_mono_ms(), &skipped))
-		log_warn("compensation failed", "error=%s%s",
-		    log_quote((char[600]){ 0 }, 600, store_error(l->store)),
-		    log_skipped_field((char[40]){ 0 }, 40, skipped));
+	log_event_limited(&l->compensation_log, LOG_WARN, "compensation failed",
+	    "error=%s", log_quote((char[600]){ 0 }, 600,
+	    store_error(l->store)));
 	l->gauges.valid = false;
 	l->next_compensation_ms = now_mono_ms() + l->conf.poll_interval_ms;
 }

@@ -109,6 +109,24 @@ log_skipped_field(char *buf, size_t size, unsigned long skipped)
 	return buf;
 }
 
+void
+log_event_limited(struct log_limit *limit, enum log_level level,
+    const char *msg, const char *fmt, ...)
+{
+	char fields[3072], skipped_field[40];
+	unsigned long skipped;
+	va_list ap;
+
+	if ((int)level < atomic_load(&current_level) ||
+	    !log_limit_pass(limit, now_mono_ms(), &skipped))
+		return;
+	va_start(ap, fmt);
+	(void)vsnprintf(fields, sizeof(fields), fmt, ap);
+	va_end(ap);
+	log_event(level, msg, "%s%s", fields, log_skipped_field(skipped_field,
+	    sizeof(skipped_field), skipped));
+}
+
 /*
  * Appends what stands for the character at *p to buf if it fits (room
  * counts what is left before the terminator and any closing quote) and

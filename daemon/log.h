@@ -67,6 +67,12 @@ void log_limit_reset(struct log_limit *);
 /* " lines_skipped=N" for a line written after N were held back, or ""
  * when none was; buf needs 40 bytes. */
 const char *log_skipped_field(char *buf, size_t size, unsigned long skipped);
+/* log_event for a line that repeats while a fault lasts: written only
+ * when limit lets it pass (now), and then with " lines_skipped=N"
+ * after fmt's fields when some were held back. */
+void log_event_limited(struct log_limit *limit, enum log_level,
+    const char *msg, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 
 /*
  * Writes s into buf as a logfmt value: quoted and escaped when it holds

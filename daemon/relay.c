@@ -483,14 +483,10 @@ side_mark(struct relay *r, struct side *x)
 	x->state = SIDE_FREE;
 	if (store_finish(x->store, &x->batch, x->marks, n) == -1) {
 		int64_t wait = cycle_failed(r);
-		unsigned long skipped;
 
-		if (log_limit_pass(&r->cycle_log, now_mono_ms(), &skipped))
-			log_error("marking failed", "rows=%zu retry_in_ms=%"
-			    PRId64 " error=%s%s", n, wait,
-			    log_quote((char[600]){ 0 }, 600,
-			    store_error(x->store)),
-			    log_skipped_field((char[40]){ 0 }, 40, skipped));
+		log_event_limited(&r->cycle_log, LOG_ERROR, "marking failed",
+		    "rows=%zu retry_in_ms=%" PRId64 " error=%s", n, wait,
+		    log_quote((char[600]){ 0 }, 600, store_error(x->store)));
 		return -1;
 	}
 	count_marks(r, x, n);
@@ -518,13 +514,10 @@ claim_first(struct relay *r, size_t *claimed)
 	*claimed = n > 0 ? (size_t)n : 0;
 	if (n == -1) {
 		int64_t wait = cycle_failed(r);
-		unsigned long skipped;
 
-		if (log_limit_pass(&r->cycle_log, now_mono_ms(), &skipped))
-			log_error("claim failed", "retry_in_ms=%" PRId64
-			    " error=%s%s", wait, log_quote((char[600]){ 0 },
-			    600, store_error(x->store)),
-			    log_skipped_field((char[40]){ 0 }, 40, skipped));
+		log_event_limited(&r->cycle_log, LOG_ERROR, "claim failed",
+		    "retry_in_ms=%" PRId64 " error=%s", wait,
+		    log_quote((char[600]){ 0 }, 600, store_error(x->store)));
 	} else if (n == 0)
 		cycle_done(r);
 	return n;
@@ -645,7 +638,6 @@ ensure_store(struct relay *r)
 {
 	struct store *second = r->sides[1].store, *down;
 	int64_t now = now_mono_ms();
-	unsigned long skipped;
 
 	if (store_connected(r->store) &&
 	    (second == NULL || store_connected(second)))
@@ -679,11 +671,9 @@ ensure_store(struct relay *r)
 		return true;
 	}
 	r->store_retry_at = now + backoff_cursor_next(&r->store_retry);
-	if (log_limit_pass(&r->store_log, now, &skipped))
-		log_warn("postgres unavailable", "retry_in_ms=%" PRId64
-		    " error=%s%s", r->store_retry_at - now,
-		    log_quote((char[600]){ 0 }, 600, store_error(down)),
-		    log_skipped_field((char[40]){ 0 }, 40, skipped));
+	log_event_limited(&r->store_log, LOG_WARN, "postgres unavailable",
+	    "retry_in_ms=%" PRId64 " error=%s", r->store_retry_at - now,
+	    log_quote((char[600]){ 0 }, 600, store_error(down)));
 	store_disconnect(r->store);
 	if (second != NULL)
 		store_disconnect(second);
@@ -694,7 +684,6 @@ static bool
 ensure_broker(struct relay *r)
 {
 	int64_t now = now_mono_ms();
-	unsigned long skipped;
 
 	if (broker_connected(r->broker))
 		return true;
@@ -709,10 +698,8 @@ ensure_broker(struct relay *r)
 		return true;
 	}
 	r->broker_retry_at = now + backoff_cursor_next(&r->broker_retry);
-	if (log_limit_pass(&r->broker_log, now, &skipped))
-		log_warn("rabbitmq unavailable", "retry_in_ms=%" PRId64 "%s",
-		    r->broker_retry_at - now,
-		    log_skipped_field((char[40]){ 0 }, 40, skipped));
+	log_event_limited(&r->broker_log, LOG_WARN, "rabbitmq unavailable",
+	    "retry_in_ms=%" PRId64, r->broker_retry_at - now);
 	return false;
 }
 
