@@ -106,8 +106,9 @@ fi
 
 # The daemon: its main loop gets past the lookups, says why, and takes
 # SIGTERM.  Before, Redis came first with two lookups (hiredis asks for
-# IPv4, then IPv6), so PostgreSQL's line came after 84 s, and SIGTERM
-# waited for the shutdown timeout and exit 1.  Now 12 s + 6 s.
+# IPv4, then IPv6) that took 56 s, so PostgreSQL's line did not come in
+# 30 s, and SIGTERM waited for the shutdown timeout and exit 1.  Now
+# 12 s + 6 s.
 log=$tmp/daemon.log
 "$OUTBOXD_BIN" -c "$tmp/outboxd.yml" run 2>"$log" &
 daemon=$!
