@@ -102,10 +102,10 @@ log_limit_reset(struct log_limit *limit)
 const char *
 log_skipped_field(char *buf, size_t size, unsigned long skipped)
 {
-	if (skipped == 0)
-		snprintf(buf, size, "%s", "");
-	else
+	if (skipped > 0)
 		snprintf(buf, size, " lines_skipped=%lu", skipped);
+	else if (size > 0)
+		buf[0] = '\0';
 	return buf;
 }
 

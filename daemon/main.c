@@ -104,8 +104,7 @@ install_signals(void)
 static void
 bound_dns_lookups(void)
 {
-	if (getenv("RES_OPTIONS") == NULL)
-		(void)setenv("RES_OPTIONS", "timeout:1 attempts:2", 0);
+	(void)setenv("RES_OPTIONS", "timeout:1 attempts:2", 0);
 }
 
 static void
