@@ -299,6 +299,12 @@ bk_confirm_ms(const struct broker *b)
 }
 
 int64_t
+broker_confirm_timeout_ms(const struct broker *b)
+{
+	return bk_confirm_ms(b);
+}
+
+int64_t
 bk_connect_ms(const struct broker *b)
 {
 	return b->conf.connect_timeout_ms > 0 ? b->conf.connect_timeout_ms :

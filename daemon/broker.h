@@ -136,6 +136,8 @@ int broker_await_batch(struct broker *) WARN_UNUSED;
  * when the alarm clears.  Wait for broker_tick() to read the unblock.
  */
 int64_t broker_blocked_ms(const struct broker *);
+/* The confirm timeout in force (rabbitmq.confirm_timeout). */
+int64_t broker_confirm_timeout_ms(const struct broker *);
 /* The connection's socket, to poll() for the broker's next words; -1
  * when not connected. */
 int broker_socket(const struct broker *);

@@ -23,6 +23,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "relay.h"
+#include "suspects.h"
 #include "workers.h"
 
 #define DEFAULT_CONFIG "/etc/outboxd/outboxd.yml"
@@ -152,12 +153,18 @@ load_config(struct config *cfg, const char *path)
 }
 
 /* What the daemon is made of; main owns them all. */
+/* Rows whose message was in flight at a lost connection, remembered at
+ * once: two full batches for each of four relays, and a table that
+ * stays untouched memory until a loss writes it. */
+#define SUSPECTS_CAP 8192
+
 struct daemon {
 	struct config *cfg;
 	struct store *store;
 	struct store *store2;		/* relay.pipeline's second session */
 	struct broker *broker;
 	struct relay *relay;		/* the main thread's own */
+	struct suspects *suspects;	/* every relay's (suspects.h) */
 	struct workers *workers;	/* relay.workers - 1 more */
 	struct leader *leader;
 	struct http *http;
@@ -168,15 +175,16 @@ struct daemon {
 /*
  * How long the main loop or a relay worker may go without reporting
  * before /healthz calls it stalled: the longest step its timeouts allow
- * (a batch's confirms, then a connect to each server, every RabbitMQ
- * node in turn), and at least 10 s, so that a slow fsync is no alarm.
+ * (a batch's confirms, twice for a batch sent in parts, see side_publish
+ * in relay.c; then a connect to each server, every RabbitMQ node in
+ * turn), and at least 10 s, so that a slow fsync is no alarm.
  * A claim blocked on a table lock with postgres.lock_timeout 0 has no
  * timeout: this catches it.
  */
 static int64_t
 stall_limit(const struct config *cfg)
 {
-	int64_t ms = cfg->broker.confirm_timeout_ms +
+	int64_t ms = cfg->broker.confirm_timeout_ms * 2 +
 	    cfg->store.connect_timeout_ms + cfg->lock.connect_timeout_ms +
 	    cfg->broker.connect_timeout_ms * (int64_t)cfg->broker.n_nodes;
 
@@ -314,30 +322,34 @@ run_daemon(struct config *cfg)
 		return 1;
 	}
 	/* A batch's transaction idles while its confirms are awaited: give
-	 * it that long and a margin before the server may end it.  A
-	 * pipelined relay claims the next batch while the current one is
-	 * awaited, and marks it after its own wait: two waits. */
+	 * it that long and a margin before the server may end it.  A batch
+	 * with suspects is sent in parts, which take up to two waits (see
+	 * side_publish in relay.c).  A pipelined relay claims the next
+	 * batch while the current one is awaited: one wait more. */
 	cfg->store.idle_in_transaction_timeout_ms =
-	    cfg->broker.confirm_timeout_ms * (cfg->relay.pipeline ? 2 : 1) +
+	    cfg->broker.confirm_timeout_ms * (cfg->relay.pipeline ? 3 : 2) +
 	    30000;
 	/* Plans that hold up whatever the statistics say (store.c). */
 	cfg->store.index_plans = true;
 	d.store = store_new(&cfg->store);
 	d.store2 = cfg->relay.pipeline ? store_new(&cfg->store) : NULL;
 	d.broker = broker_new(&cfg->broker);
-	d.relay = relay_new(&cfg->relay, d.store, d.store2, d.broker);
+	d.suspects = suspects_new(SUSPECTS_CAP);
+	d.relay = relay_new(&cfg->relay, d.store, d.store2, d.broker,
+	    d.suspects);
 	d.leader = leader_new(&cfg->lock, &cfg->relay, d.store);
 	shutdown_timeout_s = (sig_atomic_t)((cfg->relay.shutdown_timeout_ms +
 	    999) / 1000);
 	install_signals();
 	d.workers = workers_start(cfg->relay.workers - 1,
 	    cfg->relay.mode == RELAY_PARALLEL, &cfg->relay, &cfg->store,
-	    &cfg->broker, err, sizeof(err));
+	    &cfg->broker, d.suspects, err, sizeof(err));
 	if (d.workers == NULL) {
 		log_error("cannot start", "error=%s",
 		    log_quote((char[300]){ 0 }, 300, err));
 		leader_free(d.leader);
 		relay_free(d.relay);
+		suspects_free(d.suspects);
 		broker_free(d.broker);
 		store_free(d.store2);
 		store_free(d.store);
@@ -380,6 +392,7 @@ run_daemon(struct config *cfg)
 	    " dead=%" PRIu64, totals.published, totals.retried, totals.dead);
 	leader_free(d.leader);
 	relay_free(d.relay);
+	suspects_free(d.suspects);
 	broker_free(d.broker);
 	store_free(d.store2);
 	store_free(d.store);

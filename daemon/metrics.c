@@ -61,6 +61,7 @@ static const char *const failure_names[] = {
 	[METRICS_FAIL_NO_CONTENT] = "no_content",
 	[METRICS_FAIL_BAD_ROW] = "bad_row",
 	[METRICS_FAIL_OVERSIZED] = "oversized",
+	[METRICS_FAIL_CONNECTION_LOST] = "connection_lost",
 };
 
 static const char *const server_names[] = {

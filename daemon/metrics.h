@@ -18,6 +18,9 @@ enum metrics_failure {
 	METRICS_FAIL_NO_CONTENT,	/* no t_transactional_message_content */
 	METRICS_FAIL_BAD_ROW,		/* row that cannot be published as is */
 	METRICS_FAIL_OVERSIZED,		/* payload over the frame limit */
+	/* alone in flight at a lost connection, after two more losses
+	 * (suspects.h) */
+	METRICS_FAIL_CONNECTION_LOST,
 	METRICS_FAIL_COUNT
 };
 

@@ -15,6 +15,7 @@
 
 #include "log.h"
 #include "metrics.h"
+#include "suspects.h"
 
 enum side_state {
 	SIDE_FREE,
@@ -40,12 +41,24 @@ struct side {
 	 * once its mark commits (a rolled-back mark changed nothing). */
 	enum metrics_failure *why;
 	int *attempt;		/* the failed row's attempt, from 1 */
+	/* The batch in the order it is sent (side_order): msgs[0..n_plain)
+	 * at once, then n_group suspects together, then the rest one by
+	 * one; the spare arrays, grown when first needed, sort them. */
+	size_t n_plain, n_group;
+	size_t spare_cap;
+	struct broker_msg *spare_msgs;
+	size_t *spare_row;
+	unsigned char *level;
+	/* msgs[flight_from..flight_to) were at the broker when the last
+	 * publish ended; later ones were never sent. */
+	size_t flight_from, flight_to;
 };
 
 struct relay {
 	struct relay_conf conf;
 	struct store *store;
 	struct broker *broker;
+	struct suspects *suspects;	/* shared by the process's relays */
 	struct backoff_rng rng;
 	struct relay_stats stats;
 	bool include_retries;
@@ -76,7 +89,8 @@ struct relay {
 
 struct relay *
 relay_new(const struct relay_conf *conf, struct store *store,
-    struct store *pipeline_store, struct broker *broker)
+    struct store *pipeline_store, struct broker *broker,
+    struct suspects *suspects)
 {
 	struct relay *r = xcalloc(1, sizeof(*r));
 
@@ -84,6 +98,7 @@ relay_new(const struct relay_conf *conf, struct store *store,
 	r->sides[0].store = store;
 	r->sides[1].store = pipeline_store;
 	r->broker = broker;
+	r->suspects = suspects;
 	r->include_retries = true;
 	r->wake_fd = -1;
 	r->kick_fd = -1;
@@ -111,6 +126,9 @@ relay_free(struct relay *r)
 		free(x->errors);
 		free(x->why);
 		free(x->attempt);
+		free(x->spare_msgs);
+		free(x->spare_row);
+		free(x->level);
 	}
 	free(r);
 }
@@ -399,6 +417,50 @@ relay_failing_ms(const struct relay *r)
 }
 
 /*
+ * Puts x's messages in the order they are sent: those of no suspect
+ * first, then the suspects that lost one connection, then those that
+ * lost two (suspects.h).  Without suspects in the process, as claimed.
+ */
+static void
+side_order(struct relay *r, struct side *x)
+{
+	int64_t now = now_mono_ms();
+	size_t out = 0, count[3] = { 0, 0, 0 };
+
+	x->n_plain = x->nmsg;
+	x->n_group = 0;
+	if (!suspects_any(r->suspects) || x->nmsg == 0)
+		return;
+	if (x->spare_cap < x->nmsg) {
+		x->spare_msgs = xrealloc(x->spare_msgs,
+		    r->cap * sizeof(*x->spare_msgs));
+		x->spare_row = xrealloc(x->spare_row,
+		    r->cap * sizeof(*x->spare_row));
+		x->level = xrealloc(x->level, r->cap * sizeof(*x->level));
+		x->spare_cap = r->cap;
+	}
+	for (size_t k = 0; k < x->nmsg; k++) {
+		x->level[k] = (unsigned char)suspects_level(r->suspects,
+		    x->msgs[k].id, now);
+		count[x->level[k]]++;
+	}
+	if (count[SUSPECT_NONE] == x->nmsg)
+		return;
+	for (unsigned level = SUSPECT_NONE; level <= SUSPECT_ALONE; level++)
+		for (size_t k = 0; k < x->nmsg; k++)
+			if (x->level[k] == level) {
+				x->spare_msgs[out] = x->msgs[k];
+				x->spare_row[out++] = x->msg_row[k];
+			}
+	memcpy(x->msgs, x->spare_msgs, x->nmsg * sizeof(*x->msgs));
+	memcpy(x->msg_row, x->spare_row, x->nmsg * sizeof(*x->msg_row));
+	x->n_plain = count[SUSPECT_NONE];
+	x->n_group = count[SUSPECT_GROUP];
+	log_info("sending suspects apart", "rows=%zu together=%zu alone=%zu",
+	    x->nmsg, x->n_group, count[SUSPECT_ALONE]);
+}
+
+/*
  * Claims a batch on x's session and prepares its messages; rows that
  * cannot be sent are marked failed up front.  Returns the batch size,
  * or -1 with the store's error (the session's transaction rolled back).
@@ -426,8 +488,67 @@ side_claim(struct relay *r, struct side *x, int64_t lock_timeout_ms)
 		if (prepare_message(r, x, i, &x->msgs[x->nmsg]))
 			x->msg_row[x->nmsg++] = i;
 	}
+	side_order(r, x);
 	x->state = x->batch.n > 0 ? SIDE_CLAIMED : SIDE_FREE;
 	return (int)x->batch.n;
+}
+
+/*
+ * Publishes x's messages in side_order's parts: the batch's own in one
+ * go, then its suspects together, then each of the rest alone, until a
+ * part loses the connection or the broker blocks publishing.  Parts
+ * start only within rabbitmq.confirm_timeout of the first send, so that
+ * a batch takes less than twice that (main.c gives its transaction that
+ * long).  Returns what the last part's publish returned; what was not
+ * sent is BROKER_UNKNOWN.
+ */
+static int
+side_publish(struct relay *r, struct side *x)
+{
+	int64_t until_ms = now_mono_ms() +
+	    broker_confirm_timeout_ms(r->broker);
+	size_t from = 0, to;
+	int rc = 0;
+
+	x->published_us = now_mono_us();
+	x->flight_from = 0;
+	x->flight_to = 0;
+	while (from < x->nmsg) {
+		to = from < x->n_plain ? x->n_plain :
+		    from < x->n_plain + x->n_group ? x->n_plain + x->n_group :
+		    from + 1;
+		if (from > 0 && (now_mono_ms() >= until_ms ||
+		    broker_blocked_ms(r->broker) > 0))
+			break;
+		x->flight_from = from;
+		x->flight_to = to;
+		rc = broker_publish_batch(r->broker, x->msgs + from, to - from,
+		    x->results + from);
+		if (rc == -1)
+			break;
+		from = to;
+	}
+	for (size_t k = x->flight_to; k < x->nmsg; k++) {
+		x->results[k].outcome = BROKER_UNKNOWN;
+		x->results[k].permanent = false;
+		x->results[k].reason[0] = '\0';
+	}
+	return rc;
+}
+
+/*
+ * Message k of x was in flight when the connection was lost: one loss
+ * more for its row (suspects.h).  Returns true when that is the third
+ * in a row and it was alone at the broker: the loss is its own doing,
+ * and counts an attempt.
+ */
+static bool
+lost_alone(struct relay *r, struct side *x, size_t k)
+{
+	enum suspect_level before = suspects_lost(r->suspects,
+	    x->msgs[k].id, now_mono_ms());
+
+	return before == SUSPECT_ALONE && x->flight_to - x->flight_from == 1;
 }
 
 /* x's publish ended with broker_rc: each row's mark follows its
@@ -441,11 +562,26 @@ side_settle(struct relay *r, struct side *x, int broker_rc)
 		size_t i = x->msg_row[k];
 		const struct broker_result *res = &x->results[k];
 
+		if (res->outcome != BROKER_UNKNOWN)
+			suspects_clear(r->suspects, x->msgs[k].id);
 		switch (res->outcome) {
 		case BROKER_ACKED:
 			x->marks[i].kind = MARK_SUCCESS;
 			break;
 		case BROKER_UNKNOWN:
+			if (broker_rc == -1 && k >= x->flight_from &&
+			    k < x->flight_to && lost_alone(r, x, k)) {
+				char reason[300];
+
+				snprintf(reason, sizeof(reason), "connection "
+				    "lost: the broker connection was lost "
+				    "three times in a row with this message "
+				    "unconfirmed, the last time with it alone "
+				    "in flight (%s)", broker_error(r->broker));
+				mark_failed(r, x, i, reason, false,
+				    METRICS_FAIL_CONNECTION_LOST);
+				break;
+			}
 			/* No confirm: it may have arrived, or not.  Leave
 			 * the row due; at-least-once covers the rest. */
 			x->marks[i].kind = MARK_RELEASE;
@@ -533,9 +669,7 @@ relay_cycle(struct relay *r, size_t *claimed)
 		return n;
 	/* The confirm histogram is the broker's share of the batch: from
 	 * the first publish, not from the claim. */
-	x->published_us = now_mono_us();
-	side_settle(r, x, broker_publish_batch(r->broker, x->msgs, x->nmsg,
-	    x->results));
+	side_settle(r, x, side_publish(r, x));
 	if (side_mark(r, x) == -1)
 		return -1;
 	return x->broker_rc;
@@ -575,12 +709,27 @@ relay_pipeline(struct relay *r, int64_t until_ms, bool *backlog,
 	for (;;) {
 		full = cur->batch.n == (size_t)r->conf.batch_size ||
 		    cur->batch.cut_short;
-		cur->published_us = now_mono_us();
-		if (broker_send_batch(r->broker, cur->msgs, cur->nmsg,
-		    cur->results) == -1) {
-			side_settle(r, cur, -1);
-			rc = -1;
-			break;
+		/* A batch with suspects goes in parts, each awaited
+		 * (side_publish): nothing overlaps it, and the last batch
+		 * is marked first, so that its transaction does not idle
+		 * through the parts as well. */
+		if (cur->n_plain < cur->nmsg) {
+			if (next->state == SIDE_PUBLISHED &&
+			    side_mark(r, next) == -1)
+				rc = -1;
+			side_settle(r, cur, side_publish(r, cur));
+			if (cur->broker_rc == -1)
+				break;
+		} else {
+			cur->published_us = now_mono_us();
+			cur->flight_from = 0;
+			cur->flight_to = cur->nmsg;
+			if (broker_send_batch(r->broker, cur->msgs, cur->nmsg,
+			    cur->results) == -1) {
+				side_settle(r, cur, -1);
+				rc = -1;
+				break;
+			}
 		}
 		/* The broker works on cur meanwhile. */
 		if (next->state == SIDE_PUBLISHED && side_mark(r, next) == -1)
@@ -606,7 +755,8 @@ relay_pipeline(struct relay *r, int64_t until_ms, bool *backlog,
 				    log_quote((char[600]){ 0 }, 600,
 				    store_error(next->store)));
 		}
-		side_settle(r, cur, broker_await_batch(r->broker));
+		if (cur->state == SIDE_CLAIMED)
+			side_settle(r, cur, broker_await_batch(r->broker));
 		if (cur->broker_rc == -1 || broker_blocked_ms(r->broker) > 0 ||
 		    next->state != SIDE_CLAIMED)
 			break;

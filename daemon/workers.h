@@ -21,14 +21,14 @@ struct workers;
 
 /*
  * Starts n worker threads (0 is valid: none), each with a copy of the
- * three confs; they relay new rows at once when active, else stand by
+ * three confs and the process's suspects (shared, not owned); they relay new rows at once when active, else stand by
  * until workers_set_role().  Signals stay with the calling thread.  NULL
  * with err set when a thread cannot be created (the ones started are
  * stopped).
  */
 struct workers *workers_start(int n, bool active, const struct relay_conf *,
-    const struct store_conf *, const struct broker_conf *, char *err,
-    size_t errlen);
+    const struct store_conf *, const struct broker_conf *,
+    struct suspects *, char *err, size_t errlen);
 /* Asks every worker to stop, waits for each to finish its batch (its
  * confirms awaited, its rows marked), adds their counters to *sum (when
  * not NULL) and frees them.  NULL is a no-op. */

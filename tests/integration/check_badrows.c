@@ -16,6 +16,7 @@
 
 #include <hiredis/hiredis.h>
 
+#include "cutter.h"
 #include "testlib.h"
 #include "util.h"
 
@@ -716,6 +717,41 @@ START_TEST(test_unknown_exchange_type)
 END_TEST
 
 /*
+ * A message that breaks every connection that carries it: the cutter in
+ * front of RabbitMQ resets each connection whose client sends the
+ * message's body (in the field: a body too large for the confirm
+ * timeout, content a middlebox resets).  A lost connection counts no
+ * attempt, so such a row was sent again at every reconnect, without
+ * end, and the good rows of its batch with it, never confirmed.  Now the
+ * rows that lose a connection are sent apart from their batch, then
+ * alone; the third loss in a row, alone, counts an attempt, and with
+ * max_retry_times 2 the next one makes the row DEAD: four connections
+ * cut in all, and every good row delivered.
+ */
+START_TEST(test_message_that_breaks_connections)
+{
+	struct tl_cutter *cutter = tl_cutter_start(
+	    atoi(tl_env("OUTBOXD_AMQP_PORT")), "CUT-THIS-CONNECTION");
+	char yaml[256];
+	pid_t pid;
+
+	snprintf(yaml, sizeof(yaml), BASE_YAML "rabbitmq.nodes: "
+	    "[\"127.0.0.1:%d\"]\n", tl_cutter_port(cutter));
+	pid = start_with(yaml, "SELECT outbox_enqueue('', '" GOOD "', "
+	    "'CUT-THIS-CONNECTION', business_key => 'cutter', "
+	    "max_retry_times => 2, init_backoff => '100ms')");
+	assert_row("cutter", 3, 2, "alone in flight");
+	fprintf(stderr, "badrows: cutter: %lld duplicates among the good "
+	    "rows, %d connections cut\n", assert_good_delivered(),
+	    tl_cutter_cuts(cutter));
+	ck_assert_int_eq(tl_cutter_cuts(cutter), 4);
+	ck_assert(tl_log_contains(pid, "sending suspects apart"));
+	assert_still_serving(pid);
+	tl_cutter_stop(cutter);
+}
+END_TEST
+
+/*
  * A failed row's retry is counted from its mark, not from its claim: the
  * batch's marks can come long after the claim (confirms take up to
  * rabbitmq.confirm_timeout).  Here a trigger holds the batch's
@@ -958,6 +994,7 @@ main(void)
 	tcase_add_test(tc, test_non_utf8_content);
 	tcase_add_test(tc, test_broker_text_cut_mid_character);
 	tcase_add_test(tc, test_unknown_exchange_type);
+	tcase_add_test(tc, test_message_that_breaks_connections);
 	tcase_add_test(tc, test_retry_counted_from_the_mark);
 	tcase_add_test(tc, test_all_bad_rows_at_once);
 	suite_add_tcase(s, tc);

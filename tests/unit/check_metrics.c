@@ -182,9 +182,9 @@ START_TEST(test_sample_syntax)
 		samples++;
 	}
 	/* 13 plain values (relays, relays_connected and relays_blocked
-	 * among them), 6 reasons, 2 x 17 histogram lines, 3 backends,
+	 * among them), 7 reasons, 2 x 17 histogram lines, 3 backends,
 	 * 3 + 3 per server. */
-	ck_assert_int_eq(samples, 13 + 6 + 34 + 3 + 3 + 3);
+	ck_assert_int_eq(samples, 13 + 7 + 34 + 3 + 3 + 3);
 	free(text);
 }
 END_TEST
@@ -197,6 +197,7 @@ START_TEST(test_counters)
 	metrics_inc_published(4);
 	metrics_inc_failed(METRICS_FAIL_NACKED, 2);
 	metrics_inc_failed(METRICS_FAIL_OVERSIZED, 1);
+	metrics_inc_failed(METRICS_FAIL_CONNECTION_LOST, 2);
 	metrics_inc_failed(METRICS_FAIL_NACKED, 5);
 	metrics_inc_failed(METRICS_FAIL_COUNT, 9);	/* ignored */
 	metrics_inc_dead(1);
@@ -220,6 +221,8 @@ START_TEST(test_counters)
 	    "outboxd_messages_failed_total{reason=\"bad_row\"} 0");
 	ck_assert_line(text,
 	    "outboxd_messages_failed_total{reason=\"oversized\"} 1");
+	ck_assert_line(text,
+	    "outboxd_messages_failed_total{reason=\"connection_lost\"} 2");
 	ck_assert_line(text, "outboxd_messages_dead_total 1");
 	ck_assert_line(text, "outboxd_messages_released_total 6");
 	ck_assert_line(text, "outboxd_reconnects_total{server=\"postgres\"} 1");

@@ -9,10 +9,12 @@
 #include <string.h>
 
 #include "log.h"
+#include "suspects.h"
 #include "util.h"
 #include "workers.h"
 
 static struct relay_conf rconf;
+static struct suspects *suspects;
 static struct store_conf sconf;
 static struct broker_conf bconf;
 
@@ -20,6 +22,7 @@ static void
 setup(void)
 {
 	log_set_level(LOG_ERROR);	/* the refused connects are expected */
+	suspects = suspects_new(16);
 	memset(&rconf, 0, sizeof(rconf));
 	rconf.batch_size = 10;
 	rconf.workers = 4;
@@ -47,14 +50,16 @@ static void
 teardown(void)
 {
 	log_set_level(LOG_INFO);
+	suspects_free(suspects);
+	suspects = NULL;
 }
 
 START_TEST(test_stop_wakes_napping_workers)
 {
 	char err[256] = "";
 	struct relay_stats sum;
-	struct workers *w = workers_start(3, true, &rconf, &sconf, &bconf, err,
-	    sizeof(err));
+	struct workers *w = workers_start(3, true, &rconf, &sconf, &bconf, suspects,
+	    err, sizeof(err));
 	int64_t deadline, t0, took;
 
 	ck_assert_msg(w != NULL, "workers_start: %s", err);
@@ -82,8 +87,8 @@ END_TEST
 START_TEST(test_standby_workers_stop_too)
 {
 	char err[256] = "";
-	struct workers *w = workers_start(2, false, &rconf, &sconf, &bconf, err,
-	    sizeof(err));
+	struct workers *w = workers_start(2, false, &rconf, &sconf, &bconf, suspects,
+	    err, sizeof(err));
 	int64_t t0;
 
 	ck_assert_msg(w != NULL, "workers_start: %s", err);
@@ -97,8 +102,8 @@ END_TEST
 START_TEST(test_no_workers)
 {
 	char err[256] = "";
-	struct workers *w = workers_start(0, true, &rconf, &sconf, &bconf, err,
-	    sizeof(err));
+	struct workers *w = workers_start(0, true, &rconf, &sconf, &bconf, suspects,
+	    err, sizeof(err));
 
 	ck_assert_msg(w != NULL, "workers_start: %s", err);
 	workers_set_role(w, true, true);
