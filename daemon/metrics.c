@@ -62,6 +62,7 @@ static const char *const failure_names[] = {
 	[METRICS_FAIL_BAD_ROW] = "bad_row",
 	[METRICS_FAIL_OVERSIZED] = "oversized",
 	[METRICS_FAIL_CONNECTION_LOST] = "connection_lost",
+	[METRICS_FAIL_MARK_REFUSED] = "mark_refused",
 };
 
 static const char *const server_names[] = {

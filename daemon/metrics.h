@@ -21,6 +21,8 @@ enum metrics_failure {
 	/* alone in flight at a lost connection, after two more losses
 	 * (suspects.h) */
 	METRICS_FAIL_CONNECTION_LOST,
+	/* the database refused the row's mark (a trigger, a constraint) */
+	METRICS_FAIL_MARK_REFUSED,
 	METRICS_FAIL_COUNT
 };
 

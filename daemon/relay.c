@@ -485,6 +485,7 @@ side_claim(struct relay *r, struct side *x, int64_t lock_timeout_ms)
 		x->marks[i].kind = MARK_RELEASE;
 		x->marks[i].error = NULL;
 		x->marks[i].delay_ms = 0;
+		x->attempt[i] = x->batch.rows[i].current_retry_times + 1;
 		if (prepare_message(r, x, i, &x->msgs[x->nmsg]))
 			x->msg_row[x->nmsg++] = i;
 	}
@@ -608,16 +609,49 @@ side_settle(struct relay *r, struct side *x, int broker_rc)
 	x->state = SIDE_PUBLISHED;
 }
 
+/*
+ * The database refused some of x's marks (store_finish returned 1): the
+ * rows it made DEAD instead are counted as such, with the refusal as
+ * their error; a row whose every mark was refused stays due, and the
+ * next cycle waits like a failed one, or it would be sent again at once.
+ * Returns how many rows stayed due.
+ */
+static size_t
+refused_marks(struct relay *r, struct side *x, size_t n)
+{
+	size_t left = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		struct store_mark *m = &x->marks[i];
+
+		if (m->refused == NULL)
+			continue;
+		x->why[i] = METRICS_FAIL_MARK_REFUSED;
+		if (m->kind != MARK_RELEASE)
+			continue;
+		left++;
+		r->stats.released++;
+		metrics_inc_released(1);
+		log_event_limited(&r->cycle_log, LOG_ERROR, "marking failed",
+		    "id=%" PRId64 " retry_in_ms=%" PRId64 " error=%s", m->id,
+		    cycle_failed(r), log_quote((char[600]){ 0 }, 600,
+		    m->refused));
+	}
+	return left;
+}
+
 /* Writes x's marks and commits.  Returns 0, or -1 when that failed: the
  * rows roll back to due, and confirmed ones will be sent again, which
  * at-least-once allows. */
 static int
 side_mark(struct relay *r, struct side *x)
 {
-	size_t n = x->batch.n;
+	size_t n = x->batch.n, left;
+	int rc;
 
 	x->state = SIDE_FREE;
-	if (store_finish(x->store, &x->batch, x->marks, n) == -1) {
+	rc = store_finish(x->store, &x->batch, x->marks, n);
+	if (rc == -1) {
 		int64_t wait = cycle_failed(r);
 
 		log_event_limited(&r->cycle_log, LOG_ERROR, "marking failed",
@@ -625,8 +659,10 @@ side_mark(struct relay *r, struct side *x)
 		    log_quote((char[600]){ 0 }, 600, store_error(x->store)));
 		return -1;
 	}
+	left = rc == 1 ? refused_marks(r, x, n) : 0;
 	count_marks(r, x, n);
-	cycle_done(r);
+	if (left == 0)
+		cycle_done(r);
 	r->stats.batches++;
 	r->stats.last_batch_us = now_mono_us() - x->claimed_us;
 	r->stats.last_confirm_us = x->confirmed_us - x->published_us;

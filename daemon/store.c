@@ -161,6 +161,9 @@ static const char next_due_all_sql[] = NEXT_DUE_SQL("");
 static const char next_due_new_sql[] = NEXT_DUE_SQL(
     " AND message_status = 0");
 
+/* A refused mark's text: the database's words and what was refused. */
+#define STORE_REFUSAL_LEN 400
+
 struct store {
 	struct store_conf conf;
 	PGconn *conn;
@@ -183,6 +186,12 @@ struct store {
 	size_t header_ptrs_cap;
 	char *buf;		/* array literals for the marks */
 	size_t buf_len, buf_cap;
+	/* The last failed statement's SQLSTATE and primary message. */
+	char sqlstate[6];
+	char refusal[256];
+	/* Why marks were refused (store_mark.refused), one per row. */
+	char (*refusals)[STORE_REFUSAL_LEN];
+	size_t refusals_cap;
 };
 
 static void
@@ -220,6 +229,7 @@ store_free(struct store *s)
 	free(s->offs);
 	free(s->hdr_base);
 	free(s->buf);
+	free(s->refusals);
 	free(s);
 }
 
@@ -269,7 +279,15 @@ result_done(struct store *s, PGresult *res, const char *what)
 	int rc = 0;
 
 	if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK) {
+		const char *state = PQresultErrorField(res, PG_DIAG_SQLSTATE),
+		    *primary = PQresultErrorField(res,
+		    PG_DIAG_MESSAGE_PRIMARY);
+
 		set_error(s, what, PQerrorMessage(s->conn));
+		snprintf(s->sqlstate, sizeof(s->sqlstate), "%s",
+		    state != NULL ? state : "");
+		snprintf(s->refusal, sizeof(s->refusal), "%.255s",
+		    primary != NULL ? primary : s->error);
 		rc = -1;
 	}
 	PQclear(res);
@@ -1260,15 +1278,44 @@ release_batch(struct store *s, struct store_batch *batch)
 	}
 }
 
-int
-store_finish(struct store *s, struct store_batch *batch,
-    const struct store_mark *marks, size_t n)
+/*
+ * A trigger's exception or a triggered action (P0, 09, 27, 2F, 38, 39),
+ * a constraint (23, 44), a value out of range (22).  Lock and statement
+ * timeouts, a full disk, a missing privilege or a lost session refuse
+ * every row alike, and marking row by row would only repeat them.
+ */
+bool
+store_sqlstate_row_specific(const char *sqlstate)
+{
+	static const char *const classes[] = { "P0", "09", "27", "2F", "38",
+		"39", "23", "44", "22" };
+
+	if (sqlstate == NULL || strlen(sqlstate) != 5)
+		return false;
+	for (size_t i = 0; i < ARRAY_LEN(classes); i++)
+		if (strncmp(sqlstate, classes[i], 2) == 0)
+			return true;
+	return false;
+}
+
+/* Whether the last failed statement's error can come from one row, on
+ * a session still up. */
+static bool
+row_specific(const struct store *s)
+{
+	return s->conn != NULL && PQstatus(s->conn) == CONNECTION_OK &&
+	    store_sqlstate_row_specific(s->sqlstate);
+}
+
+/* Writes marks[0..n) in two statements (one for the sent rows, one for
+ * the failed), so that a batch costs two round trips whatever its
+ * size.  -1 with the error; the transaction is then aborted. */
+static int
+write_marks(struct store *s, const struct store_mark *marks, size_t n)
 {
 	size_t at[4], nsuccess = 0;
 	bool first = true;
 
-	/* One UPDATE for the sent rows, one for the failed: a batch costs
-	 * two round trips whatever its size. */
 	buf_reset(s);
 	buf_add(s, "{", 1);
 	for (size_t i = 0; i < n; i++) {
@@ -1285,21 +1332,166 @@ store_finish(struct store *s, struct store_batch *batch,
 		const char *params[1] = { s->buf };
 
 		if (exec_prepared(s, "mark_success", 1, params) == -1)
-			goto fail;
+			return -1;
 	}
 	if (build_failed_arrays(s, marks, n, at) > 0) {
 		const char *params[4] = { s->buf + at[0], s->buf + at[1],
 			s->buf + at[2], s->buf + at[3] };
 
 		if (exec_prepared(s, "mark_failed", 4, params) == -1)
-			goto fail;
+			return -1;
+	}
+	return 0;
+}
+
+static int
+cmp_id(const void *a, const void *b)
+{
+	int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+
+	return (x > y) - (x < y);
+}
+
+/*
+ * Locks the rows of marks[0..n) that are still as claimed (not sent,
+ * not dead, not locked by another session), in the transaction just
+ * begun; every other mark becomes MARK_RELEASE.  -1 with the error.
+ */
+static int
+relock_marked_rows(struct store *s, struct store_mark *marks, size_t n)
+{
+	static const char sql[] = "SELECT id FROM t_transactional_message"
+	    " WHERE id = ANY($1::int8[]) AND message_status IN (0, 2)"
+	    " ORDER BY id FOR UPDATE SKIP LOCKED";
+	const char *params[1];
+	PGresult *res;
+	int64_t *locked;
+	size_t nlocked;
+	bool first = true;
+
+	buf_reset(s);
+	buf_add(s, "{", 1);
+	for (size_t i = 0; i < n; i++) {
+		if (marks[i].kind == MARK_RELEASE)
+			continue;
+		if (!first)
+			buf_add(s, ",", 1);
+		first = false;
+		buf_add_int(s, marks[i].id);
+	}
+	buf_add(s, "}", 1);
+	params[0] = s->buf;
+	res = query(s, "relock", sql, 1, params, PGRES_TUPLES_OK);
+	if (res == NULL)
+		return -1;
+	nlocked = (size_t)PQntuples(res);
+	locked = xcalloc(nlocked + 1, sizeof(*locked));
+	for (size_t k = 0; k < nlocked; k++)
+		locked[k] = strtoll(PQgetvalue(res, (int)k, 0), NULL, 10);
+	PQclear(res);
+	for (size_t i = 0; i < n; i++)
+		if (marks[i].kind != MARK_RELEASE && bsearch(&marks[i].id,
+		    locked, nlocked, sizeof(*locked), cmp_id) == NULL)
+			marks[i].kind = MARK_RELEASE;
+	free(locked);
+	return 0;
+}
+
+/* The refusal text of the k-th refused row, grown as needed. */
+static char *
+refusal_slot(struct store *s, size_t k)
+{
+	if (k >= s->refusals_cap) {
+		s->refusals_cap = s->refusals_cap ? s->refusals_cap * 2 : 4;
+		s->refusals = xrealloc(s->refusals, s->refusals_cap *
+		    sizeof(*s->refusals));
+	}
+	return s->refusals[k];
+}
+
+/*
+ * store_finish()'s second try, after the batch's marks were refused for
+ * an error one row can cause: a new transaction, each mark under its own
+ * savepoint, and a refused row made DEAD, or left alone.  Returns 0 or
+ * 1 as store_finish() does, -1 when a statement failed for another
+ * reason (rolled back).
+ */
+static int
+write_marks_one_by_one(struct store *s, struct store_mark *marks, size_t n)
+{
+	size_t refused = 0;
+
+	PQclear(PQexec(s->conn, "ROLLBACK"));
+	if (exec_command(s, "BEGIN") == -1)
+		return -1;
+	if (relock_marked_rows(s, marks, n) == -1)
+		return -1;
+	for (size_t i = 0; i < n; i++) {
+		struct store_mark *m = &marks[i], dead;
+		char *why;
+
+		if (m->kind == MARK_RELEASE)
+			continue;
+		if (exec_command(s, "SAVEPOINT outboxd_mark") == -1)
+			return -1;
+		if (write_marks(s, m, 1) == 0) {
+			if (exec_command(s, "RELEASE outboxd_mark") == -1)
+				return -1;
+			continue;
+		}
+		if (!row_specific(s) ||
+		    exec_command(s, "ROLLBACK TO outboxd_mark") == -1)
+			return -1;
+		why = refusal_slot(s, refused++);
+		snprintf(why, STORE_REFUSAL_LEN, "the database refused to mark "
+		    "it %s: %s (%s)", m->kind == MARK_SUCCESS ? "sent (it was "
+		    "published and confirmed)" : m->kind == MARK_RETRY ?
+		    "failed" : "dead", s->refusal, s->sqlstate);
+		m->refused = why;
+		dead = (struct store_mark){ .id = m->id, .kind = MARK_DEAD,
+			.error = why };
+		if (write_marks(s, &dead, 1) == 0) {
+			m->kind = MARK_DEAD;
+			m->error = why;
+		} else if (!row_specific(s) ||
+		    exec_command(s, "ROLLBACK TO outboxd_mark") == -1) {
+			return -1;
+		} else {
+			m->kind = MARK_RELEASE;
+		}
+		if (exec_command(s, "RELEASE outboxd_mark") == -1)
+			return -1;
+	}
+	if (exec_command(s, "COMMIT") == -1)
+		return -1;
+	return refused > 0 ? 1 : 0;
+}
+
+int
+store_finish(struct store *s, struct store_batch *batch,
+    struct store_mark *marks, size_t n)
+{
+	int rc;
+
+	for (size_t i = 0; i < n; i++)
+		marks[i].refused = NULL;
+	if (write_marks(s, marks, n) == 0) {
+		release_batch(s, batch);
+		s->in_transaction = false;
+		return exec_command(s, "COMMIT");
+	}
+	if (!row_specific(s)) {
+		store_abort(s, batch);
+		return -1;
+	}
+	rc = write_marks_one_by_one(s, marks, n);
+	if (rc == -1) {
+		store_abort(s, batch);
+		return -1;
 	}
 	release_batch(s, batch);
 	s->in_transaction = false;
-	return exec_command(s, "COMMIT");
-fail:
-	store_abort(s, batch);
-	return -1;
+	return rc;
 }
 
 void

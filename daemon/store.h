@@ -86,6 +86,10 @@ struct store_mark {
 	enum mark_kind kind;
 	int64_t delay_ms;
 	const char *error;	/* last_error for RETRY and DEAD */
+	/* Set by store_finish() when the database refused this row's
+	 * mark: why, in words for last_error and the log (valid until the
+	 * next store_finish); kind is then what was written instead. */
+	const char *refused;
 };
 
 struct store_claim_opts {
@@ -137,9 +141,23 @@ int store_drain_notifies(struct store *) WARN_UNUSED;
  */
 int store_claim(struct store *, const struct store_claim_opts *,
     struct store_batch *) WARN_UNUSED;
-/* Writes the marks and commits, then releases the batch. */
+/*
+ * Writes the marks and commits, then releases the batch: 0, or -1 with
+ * the store's error (rolled back: the rows are due again untouched).
+ * When the database refuses the batch's marks for an error that one row
+ * can cause (a trigger's exception, a constraint; not a timeout, a full
+ * disk or a privilege), the marks are written again row by row, in a
+ * new transaction, on the rows still as claimed (another session may
+ * have taken some meanwhile: those are left to it, as MARK_RELEASE).
+ * A row whose own mark is refused is made DEAD instead, with why in
+ * last_error; if even that is refused it is left untouched (RELEASE).
+ * Either way its mark's refused is set, and 1 is returned.
+ */
 int store_finish(struct store *, struct store_batch *,
-    const struct store_mark *marks, size_t n) WARN_UNUSED;
+    struct store_mark *marks, size_t n) WARN_UNUSED;
+/* Whether an error of this SQLSTATE can come from one row, so that
+ * store_finish() marks the batch again row by row (pure). */
+bool store_sqlstate_row_specific(const char *sqlstate);
 /* Rolls back (rows become due again untouched) and releases the batch. */
 void store_abort(struct store *, struct store_batch *);
 

@@ -751,6 +751,87 @@ START_TEST(test_message_that_breaks_connections)
 }
 END_TEST
 
+/* A trigger that refuses to update the row with business_key 'refused'
+ * when `when` holds of NEW. */
+static void
+refuse_marks(const char *when)
+{
+	/* One left by a failed test would refuse this one's rows. */
+	tl_sql(db, "DROP TRIGGER IF EXISTS badrows_refuse_mark ON "
+	    "t_transactional_message");
+	tl_sql(db, "CREATE OR REPLACE FUNCTION badrows_refuse_mark()"
+	    " RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+	    " RAISE EXCEPTION 'badrows: mark refused'; END $$");
+	tl_sql(db, "CREATE TRIGGER badrows_refuse_mark BEFORE UPDATE ON"
+	    " t_transactional_message FOR EACH ROW WHEN"
+	    " (NEW.business_key = 'refused' AND %s)"
+	    " EXECUTE FUNCTION badrows_refuse_mark()", when);
+}
+
+static void
+allow_marks(void)
+{
+	tl_sql(db, "DROP TRIGGER badrows_refuse_mark ON "
+	    "t_transactional_message");
+	tl_sql(db, "DROP FUNCTION badrows_refuse_mark()");
+}
+
+/*
+ * The database refuses to mark one row sent (a trigger's exception; a
+ * constraint would do the same), in a batch with 20 good rows.  The
+ * batch's one UPDATE failed, the whole batch rolled back, and every row
+ * was published again at each paced retry, none ever marked.  Now the
+ * marks are written again row by row: the good rows are SUCCESS, each
+ * received once, and the refused row is DEAD, with why.
+ */
+START_TEST(test_mark_refused_for_one_row)
+{
+	pid_t pid;
+
+	refuse_marks("NEW.message_status = 1");
+	/* One relay: the 21 rows in one batch, one UPDATE. */
+	pid = start_with(BASE_YAML "relay.workers: 1\n", "SELECT "
+	    "outbox_enqueue('', '" GOOD "', 'x', business_key => 'refused')");
+	assert_row("refused", 3, 1, "the database refused to mark it sent "
+	    "(it was published and confirmed): badrows: mark refused (P0001)");
+	ck_assert_int_eq(assert_good_delivered(), 0);
+	ck_assert_int_eq(tl_file_lines(tl_outboxd_log(pid),
+	    "msg=\"marking failed\"", NULL), 0);
+	allow_marks();
+	assert_still_serving(pid);
+}
+END_TEST
+
+/*
+ * The same, with every update of the row refused, DEAD too: the row
+ * stays due, untouched, and is sent again with the reconnect pacing (a
+ * line each time), while the good rows of its batch are SUCCESS and
+ * received once.  Once the trigger goes, the row is SUCCESS.
+ */
+START_TEST(test_every_mark_refused_for_one_row)
+{
+	pid_t pid;
+
+	refuse_marks("true");
+	pid = start_with(BASE_YAML "relay.workers: 1\n", "SELECT "
+	    "outbox_enqueue('', '" GOOD "', 'x', business_key => 'refused')");
+	ck_assert_int_eq(assert_good_delivered(), 0);
+	/* Its batch's marks are written: it is still as it was. */
+	ck_assert_int_eq(tl_sql_int(db, "SELECT count(*) FROM "
+	    "t_transactional_message WHERE business_key = 'refused' AND "
+	    "message_status = 0 AND current_retry_times = 0"), 1);
+	for (int64_t until = tl_ms() + 20000; tl_ms() < until &&
+	    tl_file_lines(tl_outboxd_log(pid), "badrows: mark refused",
+	    "msg=\"marking failed\"") < 3;)
+		usleep(50000);
+	ck_assert_int_ge(tl_file_lines(tl_outboxd_log(pid),
+	    "badrows: mark refused", "msg=\"marking failed\""), 3);
+	allow_marks();
+	assert_row("refused", 1, 0, NULL);
+	assert_still_serving(pid);
+}
+END_TEST
+
 /*
  * A failed row's retry is counted from its mark, not from its claim: the
  * batch's marks can come long after the claim (confirms take up to
@@ -995,6 +1076,8 @@ main(void)
 	tcase_add_test(tc, test_broker_text_cut_mid_character);
 	tcase_add_test(tc, test_unknown_exchange_type);
 	tcase_add_test(tc, test_message_that_breaks_connections);
+	tcase_add_test(tc, test_mark_refused_for_one_row);
+	tcase_add_test(tc, test_every_mark_refused_for_one_row);
 	tcase_add_test(tc, test_retry_counted_from_the_mark);
 	tcase_add_test(tc, test_all_bad_rows_at_once);
 	suite_add_tcase(s, tc);

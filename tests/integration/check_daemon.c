@@ -900,11 +900,13 @@ START_TEST(test_prepare_cut_short_by_a_lock)
 END_TEST
 
 /*
- * A mark that fails on a live session (here a trigger refuses it; in
- * life a full disk, a missing privilege) rolls its batch back, so the
- * batch is published again.  It must be paced like a reconnect, not
- * repeated at once: unpaced, the same message went out hundreds of
- * times a second.  Once marks go through, the row is SUCCESS.
+ * A mark that fails on a live session for a reason that is not one
+ * row's (here a trigger raises disk_full; in life a full disk, a missing
+ * privilege) rolls its batch back, so the batch is published again.  It
+ * must be paced like a reconnect, not repeated at once: unpaced, the
+ * same message went out hundreds of times a second.  Once marks go
+ * through, the row is SUCCESS.  (An error one row can cause is
+ * check_badrows' test_mark_refused_for_one_row.)
  */
 START_TEST(test_failing_marks_are_paced)
 {
@@ -914,7 +916,8 @@ START_TEST(test_failing_marks_are_paced)
 
 	tl_sql(db, "CREATE OR REPLACE FUNCTION dmn_refuse_mark()"
 	    " RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
-	    " RAISE EXCEPTION 'dmn: mark refused'; END $$");
+	    " RAISE EXCEPTION 'dmn: mark refused' USING ERRCODE ="
+	    " 'disk_full'; END $$");
 	tl_sql(db, "CREATE TRIGGER dmn_refuse_mark BEFORE UPDATE ON"
 	    " t_transactional_message FOR EACH ROW WHEN"
 	    " (NEW.message_status = 1 AND NEW.routing_key = 'dmn.markfail')"

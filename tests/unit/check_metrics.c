@@ -182,9 +182,9 @@ START_TEST(test_sample_syntax)
 		samples++;
 	}
 	/* 13 plain values (relays, relays_connected and relays_blocked
-	 * among them), 7 reasons, 2 x 17 histogram lines, 3 backends,
+	 * among them), 8 reasons, 2 x 17 histogram lines, 3 backends,
 	 * 3 + 3 per server. */
-	ck_assert_int_eq(samples, 13 + 7 + 34 + 3 + 3 + 3);
+	ck_assert_int_eq(samples, 13 + 8 + 34 + 3 + 3 + 3);
 	free(text);
 }
 END_TEST
@@ -223,6 +223,8 @@ START_TEST(test_counters)
 	    "outboxd_messages_failed_total{reason=\"oversized\"} 1");
 	ck_assert_line(text,
 	    "outboxd_messages_failed_total{reason=\"connection_lost\"} 2");
+	ck_assert_line(text,
+	    "outboxd_messages_failed_total{reason=\"mark_refused\"} 0");
 	ck_assert_line(text, "outboxd_messages_dead_total 1");
 	ck_assert_line(text, "outboxd_messages_released_total 6");
 	ck_assert_line(text, "outboxd_reconnects_total{server=\"postgres\"} 1");

@@ -1,7 +1,8 @@
 /*
  * The relay's state changes without servers: what a failed publish does
- * to a row (retry with the row's backoff, or dead), and how often the
- * leader's compensation may take the relay's session.
+ * to a row (retry with the row's backoff, or dead), which refused marks
+ * are retried row by row, and how often the leader's compensation may
+ * take the relay's session.
  */
 #include <check.h>
 #include <stdlib.h>
@@ -112,12 +113,51 @@ START_TEST(test_compensation_interval)
 }
 END_TEST
 
+/* A refused mark is tried row by row only for errors one row can
+ * cause: retrying a timeout or a full disk row by row repeats it. */
+START_TEST(test_row_specific_sqlstates)
+{
+	static const char *const one_row[] = {
+		"P0001",	/* raise_exception in a trigger */
+		"23514",	/* check_violation */
+		"23505",	/* unique_violation */
+		"22021",	/* character_not_in_repertoire */
+		"22008",	/* datetime_field_overflow */
+		"27000",	/* triggered_data_change_violation */
+		"09000",	/* triggered_action_exception */
+		"38000", "39000", "2F000", "44000",
+	};
+	static const char *const every_row[] = {
+		"55P03",	/* lock_not_available: lock_timeout */
+		"57014",	/* query_canceled: statement_timeout */
+		"53100",	/* disk_full */
+		"42501",	/* insufficient_privilege */
+		"40001",	/* serialization_failure */
+		"40P01",	/* deadlock_detected */
+		"25P02",	/* in_failed_sql_transaction */
+		"08006",	/* connection_failure */
+		"57P01",	/* admin_shutdown */
+		"XX000",	/* internal_error */
+		"", "P0", "P00011",
+	};
+
+	for (size_t i = 0; i < sizeof(one_row) / sizeof(*one_row); i++)
+		ck_assert_msg(store_sqlstate_row_specific(one_row[i]), "%s",
+		    one_row[i]);
+	for (size_t i = 0; i < sizeof(every_row) / sizeof(*every_row); i++)
+		ck_assert_msg(!store_sqlstate_row_specific(every_row[i]),
+		    "%s", every_row[i]);
+	ck_assert(!store_sqlstate_row_specific(NULL));
+}
+END_TEST
+
 int
 main(void)
 {
 	Suite *s = suite_create("relay-state");
 	TCase *tc = tcase_create("reschedule");
 	TCase *tc_comp = tcase_create("compensation");
+	TCase *tc_marks = tcase_create("marks");
 	SRunner *sr;
 	int failed;
 
@@ -127,6 +167,8 @@ main(void)
 	suite_add_tcase(s, tc);
 	tcase_add_test(tc_comp, test_compensation_interval);
 	suite_add_tcase(s, tc_comp);
+	tcase_add_test(tc_marks, test_row_specific_sqlstates);
+	suite_add_tcase(s, tc_marks);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
 	failed = srunner_ntests_failed(sr);
