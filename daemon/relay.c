@@ -40,7 +40,7 @@ struct side {
 	/* Why each failed row failed: counted, with the row's log line,
 	 * once its mark commits (a rolled-back mark changed nothing). */
 	enum metrics_failure *why;
-	int *attempt;		/* the failed row's attempt, from 1 */
+	int *attempt;		/* each row's attempt, from 1 (set at claim) */
 	/* The batch in the order it is sent (side_order): msgs[0..n_plain)
 	 * at once, then n_group suspects together, then the rest one by
 	 * one; the spare arrays, grown when first needed, sort them. */
@@ -273,7 +273,6 @@ mark_failed(struct relay *r, struct side *x, size_t i, const char *reason,
 		snprintf(x->errors[i], sizeof(x->errors[i]), "%s", reason);
 	m->error = x->errors[i];
 	x->why[i] = why;
-	x->attempt[i] = row->current_retry_times + 1;
 }
 
 /* x's n marks are committed: what they say is true now, so it is
