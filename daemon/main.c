@@ -331,6 +331,7 @@ run_daemon(struct config *cfg)
 	    30000;
 	/* Plans that hold up whatever the statistics say (store.c). */
 	cfg->store.index_plans = true;
+	cfg->store.read_write = true;
 	d.store = store_new(&cfg->store);
 	d.store2 = cfg->relay.pipeline ? store_new(&cfg->store) : NULL;
 	d.broker = broker_new(&cfg->broker);

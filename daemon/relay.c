@@ -369,6 +369,16 @@ prepare_message(struct relay *r, struct side *x, size_t i,
 	return true;
 }
 
+/* Ends the relay's sessions; the next ensure_store() opens new ones. */
+static void
+drop_sessions(struct relay *r)
+{
+	store_disconnect(r->store);
+	if (r->sides[1].store != NULL)
+		store_disconnect(r->sides[1].store);
+	r->store_was_up = false;
+}
+
 /*
  * A claim or mark failed: with the session still up, wait before the
  * next cycle (the reconnect pacing), and remember since when cycles
@@ -376,11 +386,21 @@ prepare_message(struct relay *r, struct side *x, size_t i,
  * and the reconnect paces instead).
  */
 static int64_t
-cycle_failed(struct relay *r)
+cycle_failed(struct relay *r, struct store *failed)
 {
 	int64_t now = now_mono_ms(), wait = 0;
 
 	r->stats.store_errors++;
+	/* A session whose server no longer takes writes (a standby now, or
+	 * made read-only) fails every claim for as long as it lasts; a new
+	 * session may reach the new primary (libpq skips read-only hosts
+	 * for the relay, see store_conf.read_write). */
+	if (failed != NULL && store_session_read_only(failed)) {
+		log_error("postgres session read-only", "reconnect=true "
+		    "error=%s", log_quote((char[600]){ 0 }, 600,
+		    store_error(failed)));
+		drop_sessions(r);
+	}
 	/* A session that died is the reconnect's to report ("postgres
 	 * unavailable"), not /healthz's "failing", which sent the operator
 	 * after locks and privileges for as long as a worker could not
@@ -633,7 +653,7 @@ refused_marks(struct relay *r, struct side *x, size_t n)
 		metrics_inc_released(1);
 		log_event_limited(&r->cycle_log, LOG_ERROR, "marking failed",
 		    "id=%" PRId64 " retry_in_ms=%" PRId64 " error=%s", m->id,
-		    cycle_failed(r), log_quote((char[600]){ 0 }, 600,
+		    cycle_failed(r, NULL), log_quote((char[600]){ 0 }, 600,
 		    m->refused));
 	}
 	return left;
@@ -651,7 +671,7 @@ side_mark(struct relay *r, struct side *x)
 	x->state = SIDE_FREE;
 	rc = store_finish(x->store, &x->batch, x->marks, n);
 	if (rc == -1) {
-		int64_t wait = cycle_failed(r);
+		int64_t wait = cycle_failed(r, x->store);
 
 		log_event_limited(&r->cycle_log, LOG_ERROR, "marking failed",
 		    "rows=%zu retry_in_ms=%" PRId64 " error=%s", n, wait,
@@ -684,7 +704,7 @@ claim_first(struct relay *r, size_t *claimed)
 
 	*claimed = n > 0 ? (size_t)n : 0;
 	if (n == -1) {
-		int64_t wait = cycle_failed(r);
+		int64_t wait = cycle_failed(r, x->store);
 
 		log_event_limited(&r->cycle_log, LOG_ERROR, "claim failed",
 		    "retry_in_ms=%" PRId64 " error=%s", wait,
@@ -831,10 +851,7 @@ ensure_store(struct relay *r)
 		down = store_connected(r->store) ? second : r->store;
 		log_error("postgres connection lost", "error=%s",
 		    log_quote((char[600]){ 0 }, 600, store_error(down)));
-		r->store_was_up = false;
-		store_disconnect(r->store);
-		if (second != NULL)
-			store_disconnect(second);
+		drop_sessions(r);
 	}
 	if (now < r->store_retry_at)
 		return false;

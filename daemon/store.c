@@ -206,6 +206,24 @@ set_error(struct store *s, const char *what, const char *detail)
 	while (len > 0 && (msg[len - 1] == '\n' || msg[len - 1] == ' '))
 		msg[--len] = '\0';
 	snprintf(s->error, sizeof(s->error), "%s: %s", what, msg);
+	s->sqlstate[0] = '\0';
+	snprintf(s->refusal, sizeof(s->refusal), "%.255s", s->error);
+}
+
+/* Records a failed statement's error, with its SQLSTATE and primary
+ * message, under `what`, and clears the result. */
+static void
+set_result_error(struct store *s, PGresult *res, const char *what)
+{
+	const char *state = PQresultErrorField(res, PG_DIAG_SQLSTATE),
+	    *primary = PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY);
+
+	set_error(s, what, PQerrorMessage(s->conn));
+	snprintf(s->sqlstate, sizeof(s->sqlstate), "%s",
+	    state != NULL ? state : "");
+	if (primary != NULL)
+		snprintf(s->refusal, sizeof(s->refusal), "%.255s", primary);
+	PQclear(res);
 }
 
 struct store *
@@ -276,22 +294,13 @@ static int
 result_done(struct store *s, PGresult *res, const char *what)
 {
 	ExecStatusType st = PQresultStatus(res);
-	int rc = 0;
 
 	if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK) {
-		const char *state = PQresultErrorField(res, PG_DIAG_SQLSTATE),
-		    *primary = PQresultErrorField(res,
-		    PG_DIAG_MESSAGE_PRIMARY);
-
-		set_error(s, what, PQerrorMessage(s->conn));
-		snprintf(s->sqlstate, sizeof(s->sqlstate), "%s",
-		    state != NULL ? state : "");
-		snprintf(s->refusal, sizeof(s->refusal), "%.255s",
-		    primary != NULL ? primary : s->error);
-		rc = -1;
+		set_result_error(s, res, what);
+		return -1;
 	}
 	PQclear(res);
-	return rc;
+	return 0;
 }
 
 static int
@@ -317,8 +326,7 @@ query(struct store *s, const char *what, const char *sql, int n,
 	    NULL, 0);
 
 	if (PQresultStatus(res) != want) {
-		set_error(s, what, PQerrorMessage(s->conn));
-		PQclear(res);
+		set_result_error(s, res, what);
 		return NULL;
 	}
 	return res;
@@ -364,10 +372,11 @@ store_connect(struct store *s)
 	 */
 	const char *keys[] = { "keepalives", "keepalives_idle",
 		"keepalives_interval", "keepalives_count", "tcp_user_timeout",
-		"dbname", "connect_timeout", "application_name", "password",
-		NULL };
+		"target_session_attrs", "dbname", "connect_timeout",
+		"application_name", "password", NULL };
 	const char *vals[] = { "1", "10", "5", "3", PG_USER_TIMEOUT_MS,
-		s->conf.conninfo, timeout, s->conf.application_name ?
+		s->conf.read_write ? "read-write" : NULL, s->conf.conninfo,
+		timeout, s->conf.application_name ?
 		s->conf.application_name : "outboxd", s->conf.password, NULL };
 
 	store_disconnect(s);
@@ -375,7 +384,7 @@ store_connect(struct store *s)
 	snprintf(timeout, sizeof(timeout), "%" PRId64,
 	    (s->conf.connect_timeout_ms + 999) / 1000);
 	if (s->conf.password == NULL)
-		keys[8] = NULL;
+		keys[9] = NULL;
 	s->conn = PQconnectdbParams(keys, vals, 1);
 	if (PQstatus(s->conn) != CONNECTION_OK) {
 		set_error(s, "postgres connect", PQerrorMessage(s->conn));
@@ -1139,8 +1148,7 @@ store_claim(struct store *s, const struct store_claim_opts *opts,
 	res = PQexecPrepared(s->conn, opts->include_retries ? "claim_all" :
 	    "claim_new", 4, params, NULL, NULL, 1);
 	if (PQresultStatus(res) != PGRES_TUPLES_OK) {
-		set_error(s, "claim", PQerrorMessage(s->conn));
-		PQclear(res);
+		set_result_error(s, res, "claim");
 		store_abort(s, batch);
 		return -1;
 	}
@@ -1296,6 +1304,12 @@ store_sqlstate_row_specific(const char *sqlstate)
 		if (strncmp(sqlstate, classes[i], 2) == 0)
 			return true;
 	return false;
+}
+
+bool
+store_session_read_only(const struct store *s)
+{
+	return strcmp(s->sqlstate, "25006") == 0;
 }
 
 /* Whether the last failed statement's error can come from one row, on

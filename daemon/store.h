@@ -29,6 +29,12 @@ struct store_conf {
 	 * lock its marks need before it claims (store_claim), so a mark
 	 * only ever waits for an index's lock, briefly. */
 	int64_t lock_timeout_ms;
+	/* The relay's sessions: only a server that takes writes will do
+	 * (target_session_attrs=read-write unless the conninfo sets it), so
+	 * that libpq passes over a standby in a host list and a read-only
+	 * server is reported at connect, not by every claim.  Off for the
+	 * CLI, whose status and dead-row list read a standby fine. */
+	bool read_write;
 };
 
 /* Message states, as in seed 001 plus DEAD for exhausted rows. */
@@ -158,6 +164,10 @@ int store_finish(struct store *, struct store_batch *,
 /* Whether an error of this SQLSTATE can come from one row, so that
  * store_finish() marks the batch again row by row (pure). */
 bool store_sqlstate_row_specific(const char *sqlstate);
+/* The last statement failed because the session cannot write (SQLSTATE
+ * 25006): its server became a standby, or was made read-only, after the
+ * session began.  Only a new session can go on, maybe on another host. */
+bool store_session_read_only(const struct store *);
 /* Rolls back (rows become due again untouched) and releases the batch. */
 void store_abort(struct store *, struct store_batch *);
 

@@ -63,6 +63,19 @@ alarm_marker(void)
 	return path;
 }
 
+static void read_only_server(bool on);
+
+/* Set while a test has made PostgreSQL read-only. */
+static const char *
+read_only_marker(void)
+{
+	static char path[512];
+
+	snprintf(path, sizeof(path), "%s/dmn-read-only",
+	    tl_env("OUTBOXD_SERVERS_DIR"));
+	return path;
+}
+
 static void
 setup(void)
 {
@@ -74,6 +87,8 @@ setup(void)
 		tl_servers("start", "rabbitmq");
 	if (access(alarm_marker(), F_OK) == 0)
 		memory_alarm(false);
+	if (access(read_only_marker(), F_OK) == 0)
+		read_only_server(false);
 	clear_leader_keys();
 	db = tl_pg();
 	tl_reset_db(db);
@@ -1209,6 +1224,115 @@ START_TEST(test_full_queue_nacks_are_retried)
 		ck_assert_msg(counts[i] == 1, "row %lld arrived %u times",
 		    first + i, counts[i]);
 	ck_assert_int_eq(tl_outboxd_stop(pid, 25000), 0);
+	free(log);
+}
+END_TEST
+
+/* --- PostgreSQL stops taking writes ------------------------------------- */
+
+/*
+ * Makes every session of the server read-only, as a standby's are, or
+ * writable again: default_transaction_read_only in postgresql.auto.conf,
+ * which a reload applies to the sessions already open too.  Off, it
+ * also drops the database's own setting (test_read_only_server).
+ */
+static void
+read_only_server(bool on)
+{
+	PGconn *c = tl_pg();
+
+	if (on)
+		spit(read_only_marker(), "on\n", 0644);
+	tl_sql(c, "SET default_transaction_read_only = off");
+	tl_sql(c, "ALTER SYSTEM %s default_transaction_read_only%s",
+	    on ? "SET" : "RESET", on ? " = on" : "");
+	if (!on)
+		tl_sql(c, "ALTER DATABASE outbox RESET "
+		    "default_transaction_read_only");
+	tl_sql(c, "SELECT pg_reload_conf()");
+	PQfinish(c);
+	if (!on)
+		(void)unlink(read_only_marker());
+}
+
+/* Waits until a session opened before the reload has taken it. */
+static bool
+wait_session_setting(PGconn *c, const char *want, int timeout_ms)
+{
+	int64_t deadline = tl_ms() + timeout_ms;
+	char value[16];
+
+	for (;;) {
+		tl_sql_text(c, value, sizeof(value),
+		    "SHOW default_transaction_read_only");
+		if (strcmp(value, want) == 0)
+			return true;
+		if (tl_ms() >= deadline)
+			return false;
+		usleep(20 * 1000);
+	}
+}
+
+/*
+ * A failover can leave a session on a server that no longer takes
+ * writes (the old primary, back as a standby behind the same address,
+ * or a server an operator made read-only): every claim then fails with
+ * SQLSTATE 25006.  outboxd drops the session and opens a new one, which
+ * libpq only accepts from a server that takes writes.  Here the old
+ * sessions turn read-only while new ones are writable (the database's
+ * setting applies to new sessions only, and outranks the server's);
+ * then no session is writable, which is reported at connect; and then
+ * the server takes writes again.
+ */
+START_TEST(test_read_only_server)
+{
+	enum { N = 20 };
+	char yaml[512], health[256], *log;
+	PGconn *before = tl_pg();
+	pid_t pid;
+
+	tl_sql(db, "SET default_transaction_read_only = off");
+	snprintf(yaml, sizeof(yaml), "http.listen: \"127.0.0.1:%d\"\n"
+	    "redis.key: \"dmn:leader:readonly\"\nrelay.workers: 1\n"
+	    "reconnect: { init: 50ms, max: 500ms }\n", http_port());
+	pid = start_ready("dmn.readonly", yaml, &log);
+	enqueue("dmn.readonly", 1);
+	ck_assert_int_eq(tl_wait_sql_int(db, 1, 20000, COUNT_STATUS(1)), 1);
+
+	/* The sessions open now turn read-only; new ones are writable. */
+	tl_sql(db, "ALTER DATABASE outbox SET default_transaction_read_only "
+	    "= off");
+	read_only_server(true);
+	ck_assert(wait_session_setting(before, "on", 10000));
+	enqueue("dmn.readonly", N);
+	ck_assert_int_eq(tl_wait_sql_int(db, N + 1, 20000, COUNT_STATUS(1)),
+	    N + 1);
+	ck_assert_msg(log_count(log, "msg=\"postgres session read-only\" "
+	    "reconnect=true error=\"claim: ERROR:  cannot execute") >= 1,
+	    "log %s", log);
+	ck_assert_int_ge(log_count(log, "msg=\"postgres connected\""), 2);
+
+	/* No session is writable: reported as PostgreSQL unavailable. */
+	tl_sql(db, "ALTER DATABASE outbox RESET default_transaction_read_only");
+	tl_sql(db, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+	    "WHERE application_name = 'outboxd'");
+	ck_assert_msg(wait_log(log, "session is read-only", 1, 20000),
+	    "log %s", log);
+	ck_assert_msg(log_count(log, "msg=\"postgres unavailable\"") >= 1,
+	    "log %s", log);
+	ck_assert_int_eq(wait_health(503, health, sizeof(health), 20000), 503);
+	ck_assert_msg(strstr(health, "postgres") != NULL, "reason: %s",
+	    health);
+	enqueue("dmn.readonly", 1);
+
+	/* Writable again: the row waiting is sent. */
+	read_only_server(false);
+	ck_assert_int_eq(tl_wait_sql_int(db, N + 2, 20000, COUNT_STATUS(1)),
+	    N + 2);
+	ck_assert_int_eq(tl_sql_int(db, "SELECT count(*) FROM "
+	    "t_transactional_message WHERE current_retry_times > 0"), 0);
+	ck_assert_int_eq(tl_outboxd_stop(pid, 25000), 0);
+	PQfinish(before);
 	free(log);
 }
 END_TEST
@@ -2575,6 +2699,7 @@ main(void)
 	tcase_add_test(tc, test_alarm_before_connecting_holds_every_row);
 	tcase_add_test(tc, test_frozen_broker_bounds_a_large_batch);
 	tcase_add_test(tc, test_full_queue_nacks_are_retried);
+	tcase_add_test(tc, test_read_only_server);
 	tcase_add_test(tc, test_secrets_never_logged);
 	tcase_add_test(tc, test_worker_without_connection);
 	tcase_add_test(tc, test_user_without_the_default_exchange);
