@@ -293,9 +293,9 @@ endef
 
 FUZZ_HTTP := daemon/http.c daemon/metrics.c daemon/log.c daemon/util.c
 # The config module (every daemon/config*.c) opens files: config_load,
-# and password files in config_secrets.c.  -Dopen keeps the fuzzer in its
+# and password files through secret.c.  -Dopen keeps the fuzzer in its
 # sandbox.
-FUZZ_CONFIG := $(sort $(wildcard daemon/config*.c))
+FUZZ_CONFIG := $(sort $(wildcard daemon/config*.c)) daemon/secret.c
 $(eval $(call FUZZ_RULE,config,$(FUZZ_CONFIG) \
 	daemon/backoff.c \
 	$(FUZZ_HTTP),-Dopen=fuzz_open,-lyaml -lpq -lmicrohttpd -lm -lpthread))
@@ -305,7 +305,7 @@ $(eval $(call FUZZ_RULE,logquote,daemon/log.c daemon/util.c,,))
 $(eval $(call FUZZ_RULE,backoff,daemon/backoff.c,,-lm))
 # fuzz_pgarray.c includes daemon/store.c to reach its static decoder.
 $(eval $(call FUZZ_RULE,pgarray,daemon/backoff.c daemon/log.c \
-	daemon/util.c $(B)/gen/migrations.c,,-lpq -lm))
+	daemon/secret.c daemon/util.c $(B)/gen/migrations.c,,-lpq -lm))
 $(FUZZ_B)/fuzz_pgarray: daemon/store.c
 
 .PHONY: fuzz fuzz-long fuzz-build

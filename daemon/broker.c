@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "secret.h"
 
 #define DEFAULT_CONNECT_MS 10000
 #define DEFAULT_CONFIRM_MS 30000
@@ -612,6 +613,8 @@ login(struct broker *b, int64_t deadline)
 	amqp_rpc_reply_t r;
 	const amqp_connection_close_t *m;
 
+	secret_reread(&b->conf.password, c->password_file,
+	    "rabbitmq.password_file");
 	(void)amqp_set_handshake_timeout(b->conn, &tv);
 	r = amqp_login_with_properties(b->conn, c->vhost, 0,
 	    c->frame_max > 0 ? c->frame_max : AMQP_DEFAULT_FRAME_SIZE,
@@ -839,6 +842,7 @@ broker_new(const struct broker_conf *conf)
 	c->vhost = xstrdup(conf->vhost ? conf->vhost : "/");
 	c->user = xstrdup(conf->user);
 	c->password = xstrdup(conf->password);
+	c->password_file = dup_or_null(conf->password_file);
 	c->tls_ca_file = dup_or_null(conf->tls_ca_file);
 	c->tls_cert_file = dup_or_null(conf->tls_cert_file);
 	c->tls_key_file = dup_or_null(conf->tls_key_file);
@@ -856,6 +860,7 @@ broker_free(struct broker *b)
 	free(b->conf.vhost);
 	free(b->conf.user);
 	secret_free(b->conf.password);
+	free(b->conf.password_file);
 	free(b->conf.tls_ca_file);
 	free(b->conf.tls_cert_file);
 	free(b->conf.tls_key_file);

@@ -30,6 +30,9 @@ struct broker_conf {
 	char *vhost;
 	char *user;
 	char *password;		/* secret: never logged */
+	/* rabbitmq.password_file, read again before each connection
+	 * (secret.h); NULL: the password above is fixed. */
+	char *password_file;
 	int heartbeat_s;	/* 0 = off */
 	int64_t connect_timeout_ms;
 	int64_t confirm_timeout_ms; /* a whole batch's confirms */

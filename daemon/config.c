@@ -23,6 +23,7 @@
 #include "backoff.h"
 #include "config_value.h"
 #include "log.h"
+#include "secret.h"
 
 /* A config file is a few kilobytes; anything this big is a mistake. */
 #define CONFIG_MAX_BYTES	(1024 * 1024)
@@ -1050,7 +1051,7 @@ secrets_resolve(struct loader *L)
 			else
 				secret = env_secret(val);
 		} else {
-			secret = cfg_secret_file_read(
+			secret = secret_file_read(
 			    *(char **)field(L->c, given[0]->off), why,
 			    sizeof(why));
 		}
@@ -1247,6 +1248,10 @@ cross_check(struct loader *L)
 	int ki;
 
 	secrets_resolve(L);
+	/* Read again at each connection (secret.h); config owns them. */
+	L->c->store.password_file = L->c->store_password_src.file;
+	L->c->broker.password_file = L->c->broker_password_src.file;
+	L->c->lock.password_file = L->c->lock_password_src.file;
 	conninfo_check(L);
 	/* The relay's claim leaves longer contents in the database. */
 	L->c->relay.max_payload = b->max_payload;

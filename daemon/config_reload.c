@@ -63,6 +63,35 @@ key_equal(const struct config *a, const struct config *b, const struct key *k)
 	return false;
 }
 
+/* Where group's password (config.c's groups 1..3) came from. */
+static const struct config_secret_src *
+password_src(const struct config *c, int group)
+{
+	switch (group) {
+	case 1:
+		return &c->store_password_src;
+	case 2:
+		return &c->broker_password_src;
+	case 3:
+		return &c->lock_password_src;
+	}
+	return NULL;
+}
+
+/* A password read from the same file before and after: new text there
+ * needs no restart, since the file is read again at the next connection
+ * (secret.h). */
+static bool
+same_password_file(const struct config *old, const struct config *next,
+    const struct key *k)
+{
+	const struct config_secret_src *a = password_src(old, k->group),
+	    *b = password_src(next, k->group);
+
+	return k->type == T_SECRET && a != NULL && b != NULL &&
+	    a->file != NULL && str_eq(a->file, b->file);
+}
+
 int
 config_reload_check(const struct config *old, const struct config *next,
     FILE *warn)
@@ -72,7 +101,8 @@ config_reload_check(const struct config *old, const struct config *next,
 	for (size_t i = 0; i < cfg_n_keys; i++) {
 		const struct key *k = &cfg_keys[i];
 
-		if (k->flags & F_RELOAD || key_equal(old, next, k))
+		if (k->flags & F_RELOAD || key_equal(old, next, k) ||
+		    same_password_file(old, next, k))
 			continue;
 		n++;
 		if (warn != NULL)

@@ -17,6 +17,7 @@
 #include <hiredis/hiredis.h>
 
 #include "log.h"
+#include "secret.h"
 
 #define TOKEN_BYTES 16
 #define UNIX_PREFIX "unix:"
@@ -51,6 +52,7 @@ struct lock {
 	char *addr;			/* host:port or unix:path, for logs */
 	char *username;
 	char *password;
+	char *password_file;	/* read again at each connect (secret.h) */
 	int database;
 	char *key;
 	int64_t ttl_ms;
@@ -206,6 +208,7 @@ lock_connect(struct lock *l, int64_t deadline)
 	redisReply *reply;
 	char qaddr[256];
 
+	secret_reread(&l->password, l->password_file, "redis.password_file");
 	if (l->socket_path != NULL)
 		l->ctx = redisConnectUnixWithTimeout(l->socket_path, tv);
 	else
@@ -546,6 +549,8 @@ lock_new(const struct lock_conf *conf)
 	    NULL;
 	l->password = conf->password != NULL ? xstrdup(conf->password) :
 	    NULL;
+	l->password_file = conf->password_file != NULL ?
+	    xstrdup(conf->password_file) : NULL;
 	l->database = conf->database;
 	l->key = xstrdup(conf->key != NULL ? conf->key : DEFAULT_KEY);
 	/* Config enforces sane bounds; these only keep ttl/3 and the
@@ -576,6 +581,7 @@ lock_free(struct lock *l)
 	free(l->addr);
 	free(l->username);
 	secret_free(l->password);
+	free(l->password_file);
 	free(l->key);
 	free(l);
 }

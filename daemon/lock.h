@@ -17,6 +17,9 @@ struct lock_conf {
 	int port;
 	char *username;		/* Redis 6 ACL user; NULL = default */
 	char *password;		/* secret */
+	/* redis.password_file, read again before each connection
+	 * (secret.h); NULL: the password above is fixed. */
+	char *password_file;
 	int database;
 	char *key;
 	int64_t ttl_ms;

@@ -14,6 +14,7 @@
 
 #include "log.h"
 #include "migrations.h"
+#include "secret.h"
 
 #define NOTIFY_CHANNEL "outboxd"
 
@@ -192,6 +193,9 @@ struct store {
 	/* Why marks were refused (store_mark.refused), one per row. */
 	char (*refusals)[STORE_REFUSAL_LEN];
 	size_t refusals_cap;
+	/* This session's copy of the password: a password file is read
+	 * again before each connection (secret.h). */
+	char *password;
 };
 
 static void
@@ -232,6 +236,8 @@ store_new(const struct store_conf *conf)
 	struct store *s = xcalloc(1, sizeof(*s));
 
 	s->conf = *conf;
+	s->password = conf->password != NULL ? xstrdup(conf->password) :
+	    NULL;
 	return s;
 }
 
@@ -248,6 +254,7 @@ store_free(struct store *s)
 	free(s->hdr_base);
 	free(s->buf);
 	free(s->refusals);
+	secret_free(s->password);
 	free(s);
 }
 
@@ -377,13 +384,16 @@ store_connect(struct store *s)
 	const char *vals[] = { "1", "10", "5", "3", PG_USER_TIMEOUT_MS,
 		s->conf.read_write ? "read-write" : NULL, s->conf.conninfo,
 		timeout, s->conf.application_name ?
-		s->conf.application_name : "outboxd", s->conf.password, NULL };
+		s->conf.application_name : "outboxd", NULL, NULL };
 
 	store_disconnect(s);
+	secret_reread(&s->password, s->conf.password_file,
+	    "postgres.password_file");
+	vals[9] = s->password;
 	/* libpq counts whole seconds and treats 1 as 2. */
 	snprintf(timeout, sizeof(timeout), "%" PRId64,
 	    (s->conf.connect_timeout_ms + 999) / 1000);
-	if (s->conf.password == NULL)
+	if (s->password == NULL)
 		keys[9] = NULL;
 	s->conn = PQconnectdbParams(keys, vals, 1);
 	if (PQstatus(s->conn) != CONNECTION_OK) {

@@ -15,6 +15,9 @@
 struct store_conf {
 	char *conninfo;		/* libpq keyword=value string or URI */
 	char *password;		/* secret: never logged; NULL = from conninfo */
+	/* postgres.password_file, read again before each connection
+	 * (secret.h); NULL: the password above is fixed. */
+	const char *password_file;
 	int64_t connect_timeout_ms;
 	char *application_name;
 	/* A session idle inside a transaction this long is ended by the

@@ -11,6 +11,7 @@
 #include <poll.h>
 #include <regex.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1337,7 +1338,29 @@ START_TEST(test_read_only_server)
 }
 END_TEST
 
-/* --- the command line ---------------------------------------------------- */
+/* --- passwords rotated -------------------------------------------------- */
+
+/* Runs a command on the test Redis as its default user; true if it
+ * did not answer with an error. */
+static bool
+redis_cmd(const char *fmt, ...)
+{
+	redisContext *c = redisConnect("127.0.0.1",
+	    atoi(tl_env("OUTBOXD_REDIS_PORT")));
+	redisReply *r;
+	va_list ap;
+	bool ok;
+
+	ck_assert_msg(c != NULL && c->err == 0, "redis: %s", c ? c->errstr :
+	    "out of memory");
+	va_start(ap, fmt);
+	r = redisvCommand(c, fmt, ap);
+	va_end(ap);
+	ok = r != NULL && r->type != REDIS_REPLY_ERROR;
+	freeReplyObject(r);
+	redisFree(c);
+	return ok;
+}
 
 START_TEST(test_check_config_and_usage)
 {
@@ -2371,6 +2394,8 @@ END_TEST
 #define RABBIT_SECRET "Rabb1t-S3cret-dmn-0815"
 #define RABBIT_SECRET2 "Rabb1t-Changed-dmn-0816"
 #define REDIS_SECRET "Red1s-S3cret-dmn-1234"
+#define REDIS_SECRET2 "Red1s-Changed-dmn-1235"
+#define PG_SECRET2 "Pg-Changed-dmn-4712"
 
 /* A RabbitMQ user whose password is recognisable, so the test can both
  * log in with it and look for it. */
@@ -2392,12 +2417,28 @@ rabbit_user(const char *user, const char *password)
 static void
 assert_no_secret(const char *what, const char *text)
 {
-	static const char *const secrets[] = { PG_SECRET, RABBIT_SECRET,
-		RABBIT_SECRET2, REDIS_SECRET, "S3cret", NULL };
+	static const char *const secrets[] = { PG_SECRET, PG_SECRET2,
+		RABBIT_SECRET, RABBIT_SECRET2, REDIS_SECRET, REDIS_SECRET2,
+		"S3cret", "Changed-dmn", NULL };
 
 	for (int i = 0; secrets[i] != NULL; i++)
 		ck_assert_msg(strstr(text, secrets[i]) == NULL,
 		    "%s shows a secret (%s):\n%s", what, secrets[i], text);
+}
+
+/* Stops the daemon; its log must hold no secret, and be logfmt.  Frees
+ * log. */
+static void
+stop_showing_no_secret(pid_t pid, char *log)
+{
+	char *text;
+
+	ck_assert_int_eq(tl_outboxd_stop(pid, 25000), 0);
+	text = slurp(log);
+	assert_no_secret("the daemon's log", text);
+	free(text);
+	check_logfmt(log);
+	free(log);
 }
 
 START_TEST(test_secrets_never_logged)
@@ -2405,7 +2446,7 @@ START_TEST(test_secrets_never_logged)
 	static char body[1 << 17], out[16384], err[16384];
 	struct tl_amqp *a = tl_amqp_open();
 	const char *dir = tl_env("OUTBOXD_SERVERS_DIR");
-	char cfg[512], pwfile[512], yaml[2048], *log, *text;
+	char cfg[512], pwfile[512], yaml[2048], *log;
 	pid_t pid;
 
 	tl_queue(a, "dmn.secret", "", "");
@@ -2446,22 +2487,18 @@ START_TEST(test_secrets_never_logged)
 	/* Counted once the marks commit, a moment after SQL shows them. */
 	ck_assert_double_eq(wait_metric("outboxd_messages_published_total",
 	    10, 10000), 10);
-	/* A changed password file on reload: named, never shown. */
+	/* A changed password file on reload needs no restart: the file is
+	 * read again at the next connection (test_password_files_...). */
 	spit(pwfile, RABBIT_SECRET2 "\n", 0600);
 	kill(pid, SIGHUP);
 	ck_assert(wait_log(log, "msg=\"config reloaded\"", 1, 20000));
-	ck_assert_int_eq(log_count(log, "key=rabbitmq.password"), 1);
+	ck_assert_int_eq(log_count(log, "config change needs a restart"), 0);
 	/* A failed reload must not echo the file either. */
 	ck_assert_int_eq(chmod(pwfile, 0644), 0);
 	kill(pid, SIGHUP);
 	ck_assert(wait_log(log, "reload failed, keeping the old config", 1,
 	    20000));
-	ck_assert_int_eq(tl_outboxd_stop(pid, 25000), 0);
-	text = slurp(log);
-	assert_no_secret("the daemon's log", text);
-	free(text);
-	check_logfmt(log);
-	free(log);
+	stop_showing_no_secret(pid, log);
 
 	/* A secrets file others can read is refused, with a clear word. */
 	ck_assert_int_ne(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
@@ -2478,6 +2515,93 @@ START_TEST(test_secrets_never_logged)
 	assert_no_secret("outboxd run on a 0644 file", out);
 	unsetenv("DMN_PG_PASSWORD");
 	unsetenv("DMN_REDIS_PASSWORD");
+}
+END_TEST
+
+/* A password file of dir's, written with text and mode 0600. */
+static void
+password_file(char *path, size_t size, const char *name, const char *text)
+{
+	char line[128];
+
+	snprintf(path, size, "%s/%s-%d.password",
+	    tl_env("OUTBOXD_SERVERS_DIR"), name, (int)getpid());
+	snprintf(line, sizeof(line), "%s\n", text);
+	spit(path, line, 0600);
+}
+
+#define PASSWORD_CHANGED(key) "msg=\"password file changed; using the " \
+	"new password\" key=" key
+
+/*
+ * Passwords rotated while outboxd runs: each server takes only the new
+ * one, the files hold it, and the connections are cut.  A password file
+ * is read again before each connection, so outboxd reconnects with the
+ * new passwords, without a restart (before, it used the one read at
+ * start-up until restarted, and RabbitMQ refused every login).  A file
+ * that cannot be read at a reconnect keeps the last password read.
+ * PostgreSQL's test server trusts every local login, so for it the test
+ * shows the file was read again, not that the server checked it.
+ */
+START_TEST(test_password_files_read_at_each_connect)
+{
+	char pg_file[512], amqp_file[512], redis_file[512], yaml[2048];
+	char *log;
+	pid_t pid;
+
+	rabbit_user("dmnrotate", RABBIT_SECRET);
+	ck_assert(redis_cmd("ACL SETUSER dmnrotate reset on >%s ~* &* +@all",
+	    REDIS_SECRET));
+	password_file(pg_file, sizeof(pg_file), "pg", PG_SECRET);
+	password_file(amqp_file, sizeof(amqp_file), "amqp", RABBIT_SECRET);
+	password_file(redis_file, sizeof(redis_file), "redis", REDIS_SECRET);
+	snprintf(yaml, sizeof(yaml), "postgres.password_file: \"%s\"\n"
+	    "rabbitmq.user: dmnrotate\nrabbitmq.password_file: \"%s\"\n"
+	    "redis.username: dmnrotate\nredis.password_file: \"%s\"\n"
+	    "redis.key: \"dmn:leader:rotate\"\nredis.ttl: 3s\n"
+	    "relay.workers: 1\n"
+	    "reconnect: { init: 50ms, max: 500ms }\n"
+	    "http.listen: \"127.0.0.1:%d\"\n", pg_file, amqp_file,
+	    redis_file, http_port());
+	pid = start_ready("dmn.rotate", yaml, &log);
+	ck_assert_msg(wait_log(log, "msg=\"redis connected\"", 1, 20000),
+	    "log %s", log);
+	enqueue("dmn.rotate", 5);
+	ck_assert_int_eq(tl_wait_sql_int(db, 5, 20000, COUNT_STATUS(1)), 5);
+
+	ck_assert_int_eq(rabbitmqctl("change_password dmnrotate '"
+	    RABBIT_SECRET2 "'"), 0);
+	ck_assert(redis_cmd("ACL SETUSER dmnrotate resetpass >%s",
+	    REDIS_SECRET2));
+	password_file(pg_file, sizeof(pg_file), "pg", PG_SECRET2);
+	password_file(amqp_file, sizeof(amqp_file), "amqp", RABBIT_SECRET2);
+	password_file(redis_file, sizeof(redis_file), "redis", REDIS_SECRET2);
+	ck_assert_int_eq(rabbitmqctl("close_all_connections rotated"), 0);
+	ck_assert(redis_cmd("CLIENT KILL USER dmnrotate"));
+	tl_sql(db, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+	    "WHERE application_name = 'outboxd'");
+	enqueue("dmn.rotate", 5);
+	ck_assert_int_eq(tl_wait_sql_int(db, 10, 20000, COUNT_STATUS(1)), 10);
+	ck_assert_msg(wait_log(log, PASSWORD_CHANGED("rabbitmq.password_file"),
+	    1, 10000), "log %s", log);
+	ck_assert_msg(wait_log(log, PASSWORD_CHANGED("postgres.password_file"),
+	    1, 10000), "log %s", log);
+	/* Redis's cut is noticed at the lock's next renewal (ttl / 3). */
+	ck_assert_msg(wait_log(log, PASSWORD_CHANGED("redis.password_file"),
+	    1, 20000), "log %s", log);
+	ck_assert_msg(wait_log(log, "msg=\"redis connected\"", 2, 20000),
+	    "log %s", log);
+
+	/* Unreadable now (group and others may read it): kept as read. */
+	ck_assert_int_eq(chmod(amqp_file, 0644), 0);
+	ck_assert_int_eq(rabbitmqctl("close_all_connections again"), 0);
+	enqueue("dmn.rotate", 5);
+	ck_assert_int_eq(tl_wait_sql_int(db, 15, 20000, COUNT_STATUS(1)), 15);
+	ck_assert_msg(wait_log(log, "msg=\"password file not read; using the "
+	    "password read before\" key=rabbitmq.password_file error=\"the "
+	    "file is accessible by group or others", 1, 10000), "log %s", log);
+	stop_showing_no_secret(pid, log);
+	(void)redis_cmd("ACL DELUSER dmnrotate");
 }
 END_TEST
 
@@ -2701,6 +2825,7 @@ main(void)
 	tcase_add_test(tc, test_full_queue_nacks_are_retried);
 	tcase_add_test(tc, test_read_only_server);
 	tcase_add_test(tc, test_secrets_never_logged);
+	tcase_add_test(tc, test_password_files_read_at_each_connect);
 	tcase_add_test(tc, test_worker_without_connection);
 	tcase_add_test(tc, test_user_without_the_default_exchange);
 	tcase_add_test(tc, test_log_lines_are_logfmt);

@@ -17,6 +17,7 @@
 
 #include "config.h"
 #include "config_value.h"
+#include "secret.h"
 #include "util.h"
 
 /* A password no output may ever contain. */
@@ -1030,6 +1031,90 @@ START_TEST(test_secret_from_file)
 }
 END_TEST
 
+/* A password file is read again before each connection: new text is
+ * taken, the same text leaves the password as it was, and a file that
+ * cannot be read now keeps the last password read. */
+START_TEST(test_secret_reread)
+{
+	char path[128], *password = xstrdup(SECRET), *before;
+
+	tmpdir_setup();
+	snprintf(path, sizeof(path), "%s/pw", tmpdir);
+	secret_reread(&password, NULL, "redis.password_file");
+	ck_assert_str_eq(password, SECRET);
+	write_file(path, SECRET "\n", 0600);
+	before = password;
+	secret_reread(&password, path, "redis.password_file");
+	ck_assert_ptr_eq(password, before);
+	write_file(path, "rotated-" SECRET "\r\n", 0600);
+	secret_reread(&password, path, "redis.password_file");
+	ck_assert_str_eq(password, "rotated-" SECRET);
+	ck_assert_int_eq(chmod(path, 0644), 0);
+	secret_reread(&password, path, "redis.password_file");
+	ck_assert_str_eq(password, "rotated-" SECRET);
+	ck_assert_int_eq(unlink(path), 0);
+	secret_reread(&password, path, "redis.password_file");
+	ck_assert_str_eq(password, "rotated-" SECRET);
+	secret_free(password);
+	/* Unset until the file is read. */
+	password = NULL;
+	write_file(path, SECRET "\n", 0600);
+	secret_reread(&password, path, "redis.password_file");
+	ck_assert_str_eq(password, SECRET);
+	secret_free(password);
+	tmpdir_teardown();
+}
+END_TEST
+
+/* New text in the same password file needs no restart: it is read
+ * again at the next connection.  Another file, or another source, does. */
+START_TEST(test_reload_password_file)
+{
+	char path[128], other[128], yaml[256], yaml2[256];
+	struct result ra, rb;
+	char *got = NULL;
+	size_t len = 0;
+	FILE *f;
+
+	tmpdir_setup();
+	snprintf(path, sizeof(path), "%s/pw", tmpdir);
+	snprintf(other, sizeof(other), "%s/pw2", tmpdir);
+	write_file(path, SECRET "\n", 0600);
+	write_file(other, SECRET "\n", 0600);
+	snprintf(yaml, sizeof(yaml), "redis: {password_file: %s}\n", path);
+	assert_loads(yaml, &ra);
+	ck_assert_str_eq(ra.c.lock.password_file, path);
+	ck_assert_ptr_null(ra.c.store.password_file);
+	write_file(path, "rotated-" SECRET "\n", 0600);
+	assert_loads(yaml, &rb);
+	ck_assert_str_eq(rb.c.lock.password, "rotated-" SECRET);
+	ck_assert_int_eq(config_reload_check(&ra.c, &rb.c, NULL), 0);
+	result_free(&rb);
+
+	snprintf(yaml2, sizeof(yaml2), "redis: {password_file: %s}\n", other);
+	assert_loads(yaml2, &rb);
+	f = open_memstream(&got, &len);
+	ck_assert_int_eq(config_reload_check(&ra.c, &rb.c, f), 1);
+	fclose(f);
+	ck_assert_str_eq(got, "redis.password_file changed; restart outboxd "
+	    "to apply it\n");
+	free(got);
+	result_free(&rb);
+
+	assert_loads("redis: {password: other-" SECRET "}\n", &rb);
+	f = open_memstream(&got, &len);
+	ck_assert_int_eq(config_reload_check(&ra.c, &rb.c, f), 2);
+	fclose(f);
+	ck_assert_str_eq(got, "redis.password changed; restart outboxd to "
+	    "apply it\nredis.password_file changed; restart outboxd to "
+	    "apply it\n");
+	free(got);
+	result_free(&rb);
+	result_free(&ra);
+	tmpdir_teardown();
+}
+END_TEST
+
 START_TEST(test_secret_file_too_long)
 {
 	char path[128], yaml[256], *big;
@@ -1588,6 +1673,8 @@ main(void)
 	tcase_add_test(tc, test_secret_from_env);
 	tcase_add_test(tc, test_secret_from_env_drops_one_line_end);
 	tcase_add_test(tc, test_secret_from_file);
+	tcase_add_test(tc, test_secret_reread);
+	tcase_add_test(tc, test_reload_password_file);
 	tcase_add_test(tc, test_secret_file_too_long);
 	tcase_add_test(tc, test_secret_never_printed);
 	tcase_add_loop_test(tc, test_dump_redacts_conninfo, 0,
