@@ -8,7 +8,9 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -25,6 +27,43 @@ static const char *const level_names[] = {
 	[LOG_WARN] = "warn",
 	[LOG_ERROR] = "error",
 };
+
+/* Each level's syslog priority, as journald reads it at a line's start
+ * (sd-daemon(3): "<3>" error, "<4>" warning, "<6>" info, "<7>" debug). */
+static const char *const level_prefixes[] = {
+	[LOG_DEBUG] = "<7>",
+	[LOG_INFO] = "<6>",
+	[LOG_WARN] = "<4>",
+	[LOG_ERROR] = "<3>",
+};
+
+/* Set at start-up, before any thread: stderr is the journal's stream. */
+static bool journal_prefix;
+
+bool
+log_detect_journal(void)
+{
+	const char *stream = getenv("JOURNAL_STREAM");
+	unsigned long long dev, ino;
+	struct stat st;
+	char end;
+
+	journal_prefix = stream != NULL &&
+	    sscanf(stream, "%llu:%llu%c", &dev, &ino, &end) == 2 &&
+	    fstat(STDERR_FILENO, &st) == 0 &&
+	    (unsigned long long)st.st_dev == dev &&
+	    (unsigned long long)st.st_ino == ino;
+	return journal_prefix;
+}
+
+/* The prefix a line of this level starts with: "" outside the journal. */
+static const char *
+line_prefix(enum log_level level)
+{
+	if (!journal_prefix || level < LOG_DEBUG || level > LOG_ERROR)
+		return "";
+	return level_prefixes[level];
+}
 
 void
 log_set_level(enum log_level level)
@@ -265,11 +304,14 @@ log_from_signal_handler(enum log_level level, const char *fields)
 	char line[512];
 	struct timespec now;
 	size_t len, flen = strlen(fields), nlen;
-	const char *name = log_level_name(level);
+	const char *name = log_level_name(level), *prefix = line_prefix(level);
 
 	clock_gettime(CLOCK_REALTIME, &now);
-	memcpy(line, "ts=", 3);
-	len = 3 + log_utc_stamp(line + 3, (int64_t)now.tv_sec,
+	len = strlen(prefix);
+	memcpy(line, prefix, len);
+	memcpy(line + len, "ts=", 3);
+	len += 3;
+	len += log_utc_stamp(line + len, (int64_t)now.tv_sec,
 	    now.tv_nsec / 1000000);
 	memcpy(line + len, " level=", 7);
 	len += 7;
@@ -299,8 +341,9 @@ log_event(enum log_level level, const char *msg, const char *fmt, ...)
 	clock_gettime(CLOCK_REALTIME, &now);
 	gmtime_r(&now.tv_sec, &tm);
 	strftime(ts, sizeof(ts), "%Y-%m-%dT%H:%M:%S", &tm);
-	n = snprintf(line, sizeof(line), "ts=%s.%03ldZ level=%s msg=%s", ts,
-	    now.tv_nsec / 1000000, log_level_name(level),
+	n = snprintf(line, sizeof(line), "%sts=%s.%03ldZ level=%s msg=%s",
+	    line_prefix(level), ts, now.tv_nsec / 1000000,
+	    log_level_name(level),
 	    log_quote(qmsg, sizeof(qmsg), msg));
 	len = n < 0 ? 0 : (size_t)n;
 	if (thread_field[0] != '\0' && len + sizeof(thread_field) + 1 <

@@ -20,6 +20,16 @@ const char *log_level_name(enum log_level);
 void log_set_thread_field(const char *);
 
 /*
+ * Call once at start-up, before any thread.  When stderr is the
+ * journal's stream (systemd sets JOURNAL_STREAM to its device:inode),
+ * each line starts with its syslog priority ("<4>" for warn), which
+ * journald takes off and stores as the entry's priority, so that
+ * `journalctl -p warning` finds warnings and errors; without it every
+ * line was stored as info.  Returns whether lines are prefixed.
+ */
+bool log_detect_journal(void);
+
+/*
  * msg is a short fixed event name ("batch published"); fmt, if not NULL,
  * appends key=value fields.  Values that may hold spaces must be passed
  * through log_quote() or printed with %s of a quoted buffer.

@@ -455,6 +455,7 @@ main(int argc, char **argv)
 	int opt, rc;
 
 	bound_dns_lookups();
+	(void)log_detect_journal();
 	if (path == NULL)
 		path = DEFAULT_CONFIG;
 	/* '+' stops at the command so its own options pass through. */

@@ -1,11 +1,99 @@
 /* Durations and logfmt quoting: the small pure helpers. */
 #include <check.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "log.h"
 #include "util.h"
+
+/*
+ * Logs one line of each level, and one from a signal handler, with
+ * stderr sent to a file; JOURNAL_STREAM names that file (as systemd
+ * names the journal's stream), or another one, or is unset.  Returns
+ * the file's text (free it).
+ */
+static char *
+log_lines_with_stream(int which)
+{
+	const char *dir = getenv("TMPDIR");
+	char path[512], stream[64], *text;
+	int fd, saved = dup(STDERR_FILENO);
+	struct stat st;
+	FILE *f;
+	long len;
+
+	snprintf(path, sizeof(path), "%s/check_util_log.XXXXXX",
+	    dir != NULL && *dir != '\0' ? dir : "/tmp");
+	fd = mkstemp(path);
+	ck_assert(fd >= 0 && saved >= 0);
+	ck_assert_int_eq(fstat(fd, &st), 0);
+	snprintf(stream, sizeof(stream), "%llu:%llu",
+	    (unsigned long long)st.st_dev,
+	    (unsigned long long)st.st_ino + (which == 1 ? 1 : 0));
+	if (which == 2)
+		unsetenv("JOURNAL_STREAM");
+	else
+		setenv("JOURNAL_STREAM", stream, 1);
+	ck_assert_int_eq(dup2(fd, STDERR_FILENO), STDERR_FILENO);
+	ck_assert_int_eq(log_detect_journal(), which == 0);
+	log_set_level(LOG_DEBUG);
+	log_debug("a debug line", NULL);
+	log_info("an info line", "k=v");
+	log_warn("a warning", NULL);
+	log_error("an error", NULL);
+	log_from_signal_handler(LOG_ERROR, "msg=\"from a handler\"");
+	ck_assert_int_eq(dup2(saved, STDERR_FILENO), STDERR_FILENO);
+	close(saved);
+	close(fd);
+	f = fopen(path, "r");
+	ck_assert_ptr_nonnull(f);
+	fseek(f, 0, SEEK_END);
+	len = ftell(f);
+	rewind(f);
+	text = calloc(1, (size_t)len + 1);
+	ck_assert_ptr_nonnull(text);
+	ck_assert_int_eq(fread(text, 1, (size_t)len, f), (size_t)len);
+	fclose(f);
+	unlink(path);
+	return text;
+}
+
+/* Under systemd, each line starts with its syslog priority, which
+ * journald strips and keeps: `journalctl -p warning` finds warnings. */
+START_TEST(test_log_journal_priorities)
+{
+	char *text = log_lines_with_stream(0);
+	const char *want[] = { "<7>ts=", "msg=\"a debug line\"\n",
+		"<6>ts=", "msg=\"an info line\" k=v\n",
+		"<4>ts=", "msg=\"a warning\"\n",
+		"<3>ts=", "msg=\"an error\"\n",
+		"<3>ts=", "msg=\"from a handler\"\n" };
+	const char *p = text;
+
+	for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i += 2) {
+		ck_assert_msg(strncmp(p, want[i], strlen(want[i])) == 0,
+		    "line %zu: %s", i / 2, p);
+		p = strstr(p, want[i + 1]);
+		ck_assert_msg(p != NULL, "no %s in %s", want[i + 1], text);
+		p += strlen(want[i + 1]);
+	}
+	ck_assert_str_eq(p, "");
+	free(text);
+
+	/* Another stream, or none: plain logfmt lines. */
+	for (int which = 1; which <= 2; which++) {
+		text = log_lines_with_stream(which);
+		ck_assert_msg(strncmp(text, "ts=", 3) == 0 &&
+		    strstr(text, "\n<") == NULL, "%s", text);
+		free(text);
+	}
+}
+END_TEST
 
 START_TEST(test_duration_parse_table)
 {
@@ -256,6 +344,7 @@ main(void)
 	tcase_add_test(tc, test_log_quote_keeps_utf8_whole);
 	tcase_add_test(tc, test_utc_stamp_matches_gmtime);
 	tcase_add_test(tc, test_log_level_parse);
+	tcase_add_test(tc, test_log_journal_priorities);
 	tcase_add_test(tc, test_str_replace_controls);
 	tcase_add_test(tc, test_utf8_seq_len);
 	suite_add_tcase(s, tc);

@@ -222,6 +222,38 @@ else
 		fi
 	done
 
+	# Under systemd, stderr is the journal's stream (JOURNAL_STREAM names
+	# its device:inode), and each line starts with its syslog priority,
+	# which journald keeps: `journalctl -p warning` needs it.  Servers
+	# on port 1 refuse at once; outboxd logs that until SIGTERM.
+	cat >"$tmp/refused.yml" <<-EOF
+	postgres: { conninfo: "host=127.0.0.1 port=1 dbname=x user=x" }
+	rabbitmq: { nodes: ["127.0.0.1:1"] }
+	redis: { address: "127.0.0.1:1" }
+	http: { listen: "" }
+	EOF
+	log="$tmp/journal-stream.log"
+	: >"$log"
+	JOURNAL_STREAM=$(stat -c '%d:%i' "$log") timeout -s TERM 2 \
+	    "$BIN" -c "$tmp/refused.yml" run 2>>"$log" >/dev/null
+	if grep -q '^<6>ts=.* level=info msg="outboxd starting"' "$log" &&
+	    grep -q '^<4>ts=.* level=warn msg="postgres unavailable"' "$log" &&
+	    ! grep -q '^ts=' "$log"; then
+		pass "outboxd marks each line's priority for the journal"
+	else
+		fail "journal priority" "want <6>ts=... and <4>ts=... lines," \
+		    "got: $(head -n 5 "$log")"
+	fi
+	: >"$log"
+	JOURNAL_STREAM=1:1 timeout -s TERM 2 \
+	    "$BIN" -c "$tmp/refused.yml" run 2>>"$log" >/dev/null
+	if grep -q '^ts=.* level=warn msg="postgres unavailable"' "$log" &&
+	    ! grep -q '^<' "$log"; then
+		pass "outboxd writes plain logfmt when stderr is not the journal"
+	else
+		fail "plain logfmt" "$(head -n 5 "$log")"
+	fi
+
 	# Each library outboxd links directly must come from a package the
 	# runtime stage installs (libc6 is in every Debian image).
 	runtime_stage=$(awk '/^FROM /{n++} n == 2' Dockerfile)
