@@ -253,6 +253,17 @@ else
 	else
 		fail "plain logfmt" "$(head -n 5 "$log")"
 	fi
+	# A config error, why a service did not start, is stored as an error.
+	printf 'relay: {batch_size: 0}\n' >"$tmp/bad.yml"
+	: >"$log"
+	JOURNAL_STREAM=$(stat -c '%d:%i' "$log") \
+	    "$BIN" -c "$tmp/bad.yml" run 2>>"$log" >/dev/null
+	if grep -q '^<3>ts=.* level=error msg="config error" .*line=1 .*' \
+	    "$log" && grep -q 'relay.batch_size: must be between' "$log"; then
+		pass "a config error goes to the journal as an error"
+	else
+		fail "config error in the journal" "$(head -n 5 "$log")"
+	fi
 
 	# Each library outboxd links directly must come from a package the
 	# runtime stage installs (libc6 is in every Debian image).
