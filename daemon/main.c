@@ -175,7 +175,30 @@ struct daemon {
 	struct http *http;
 	int64_t stall_limit_ms;		/* see stall_limit() */
 	uint64_t redis_reconnects;	/* counted in metrics so far */
+	char status[160];		/* the last STATUS= sent to systemd */
 };
+
+/*
+ * /healthz's verdict, and the same words for `systemctl status` (the
+ * unit's STATUS=), sent when they change: an operator at the service
+ * sees "postgres unreachable" there, not the "relaying" of start-up.
+ */
+static void
+set_health(struct daemon *d, bool healthy, const char *reason)
+{
+	bool standby = d->cfg->relay.mode == RELAY_SINGLE_ACTIVE &&
+	    !leader_is_leader(d->leader);
+	const char *status = !healthy ? reason : standby ? "standing by: "
+	    "another instance leads (single-active)" : "relaying";
+	char line[sizeof(d->status) + 8];
+
+	metrics_set_health(healthy, reason);
+	if (strcmp(status, d->status) == 0)
+		return;
+	snprintf(d->status, sizeof(d->status), "%s", status);
+	snprintf(line, sizeof(line), "STATUS=%s", status);
+	sd_notify(0, line);
+}
 
 /*
  * How long the main loop or a relay worker may go without reporting
@@ -259,21 +282,21 @@ report_state(struct daemon *d)
 		    (uint64_t)g->counts.due, (uint64_t)g->counts.dead,
 		    g->counts.oldest_due_age_s);
 	if (!pg)
-		metrics_set_health(false, "postgres unreachable");
+		set_health(d, false, "postgres unreachable");
 	else if (!amqp)
-		metrics_set_health(false, "rabbitmq unreachable");
+		set_health(d, false, "rabbitmq unreachable");
 	else if (workers_stalled_ms(d->workers) > d->stall_limit_ms)
-		metrics_set_health(false, "stalled: a relay worker has not "
+		set_health(d, false, "stalled: a relay worker has not "
 		    "reported");
 	else if (blocked > 0)
-		metrics_set_health(false, "blocked: rabbitmq blocks publishing "
+		set_health(d, false, "blocked: rabbitmq blocks publishing "
 		    "(a memory or disk alarm; see the log)");
 	else if (relay_failing_ms(d->relay) > 0 ||
 	    workers_count(d->workers, WORKER_FAILING) > 0)
-		metrics_set_health(false, "failing: claims or marks fail on "
+		set_health(d, false, "failing: claims or marks fail on "
 		    "postgres (see the log)");
 	else
-		metrics_set_health(true, "");
+		set_health(d, true, "");
 }
 
 /* One turn of the main loop: leadership, then relaying or standing by. */
@@ -379,7 +402,7 @@ run_daemon(struct config *cfg)
 		if (!ready && relay_store_up(d.relay) &&
 		    relay_broker_up(d.relay)) {
 			ready = true;
-			sd_notify(0, "READY=1\nSTATUS=relaying");
+			sd_notify(0, "READY=1");
 			log_info("outboxd ready", NULL);
 		}
 		/* A worker stuck as long as the watchdog allows the main

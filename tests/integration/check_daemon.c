@@ -51,6 +51,28 @@ clear_leader_keys(void)
 	redisFree(c);
 }
 
+/* Runs a command on the test Redis as its default user; true if it
+ * did not answer with an error. */
+static bool
+redis_cmd(const char *fmt, ...)
+{
+	redisContext *c = redisConnect("127.0.0.1",
+	    atoi(tl_env("OUTBOXD_REDIS_PORT")));
+	redisReply *r;
+	va_list ap;
+	bool ok;
+
+	ck_assert_msg(c != NULL && c->err == 0, "redis: %s", c ? c->errstr :
+	    "out of memory");
+	va_start(ap, fmt);
+	r = redisvCommand(c, fmt, ap);
+	va_end(ap);
+	ok = r != NULL && r->type != REDIS_REPLY_ERROR;
+	freeReplyObject(r);
+	redisFree(c);
+	return ok;
+}
+
 static void memory_alarm(bool on);
 
 /* Set while a test holds RabbitMQ under a memory alarm. */
@@ -1340,27 +1362,6 @@ END_TEST
 
 /* --- passwords rotated -------------------------------------------------- */
 
-/* Runs a command on the test Redis as its default user; true if it
- * did not answer with an error. */
-static bool
-redis_cmd(const char *fmt, ...)
-{
-	redisContext *c = redisConnect("127.0.0.1",
-	    atoi(tl_env("OUTBOXD_REDIS_PORT")));
-	redisReply *r;
-	va_list ap;
-	bool ok;
-
-	ck_assert_msg(c != NULL && c->err == 0, "redis: %s", c ? c->errstr :
-	    "out of memory");
-	va_start(ap, fmt);
-	r = redisvCommand(c, fmt, ap);
-	va_end(ap);
-	ok = r != NULL && r->type != REDIS_REPLY_ERROR;
-	freeReplyObject(r);
-	redisFree(c);
-	return ok;
-}
 
 START_TEST(test_check_config_and_usage)
 {
@@ -2090,6 +2091,7 @@ struct notices {
 	int fd;
 	int watchdogs;		/* "WATCHDOG=1" datagrams read */
 	int64_t last_watchdog_ms, longest_gap_ms;
+	char status[160];	/* the last STATUS= read */
 };
 
 /* Reads datagrams until one holds want (NULL: none does) or timeout_ms
@@ -2113,6 +2115,8 @@ read_notices(struct notices *n, const char *want, int timeout_ms)
 		if (len < 0)
 			continue;
 		buf[len] = '\0';
+		if (strncmp(buf, "STATUS=", 7) == 0)
+			snprintf(n->status, sizeof(n->status), "%.159s", buf + 7);
 		if (strcmp(buf, "WATCHDOG=1") == 0) {
 			int64_t now = tl_ms();
 
@@ -2157,6 +2161,8 @@ START_TEST(test_systemd_notifications)
 
 	ck_assert_msg(read_notices(&n, "READY=1", 30000), "no READY=1");
 	ck_assert(wait_log(log, "msg=\"outboxd ready\"", 1, 10000));
+	/* What `systemctl status` shows. */
+	ck_assert_str_eq(n.status, "relaying");
 	/* Two periods: four pings or more, never a period apart. */
 	ck_assert(!read_notices(&n, NULL, 2 * WATCHDOG_MS));
 	ck_assert_int_ge(n.watchdogs, 4);
@@ -2204,20 +2210,36 @@ END_TEST
  * RELOADING=1, but no READY=1, which would tell systemd the start is
  * done while nothing can be relayed.
  */
+/* Starts a daemon (the test config plus yaml) whose systemd notices go
+ * to n's socket, at path; *log gets its log's path. */
+static pid_t
+start_notified(struct notices *n, char *path, size_t size,
+    const char *yaml, char **log)
+{
+	pid_t pid;
+
+	n->fd = notify_socket(path, size);
+	setenv("NOTIFY_SOCKET", path, 1);
+	pid = start_with_queue(NULL, yaml);
+	unsetenv("NOTIFY_SOCKET");
+	*log = log_of(pid);
+	return pid;
+}
+
 START_TEST(test_reload_before_ready)
 {
 	struct notices n = { 0 };
 	char path[256], *log;
 	pid_t pid;
 
-	n.fd = notify_socket(path, sizeof(path));
-	setenv("NOTIFY_SOCKET", path, 1);
-	pid = start_with_queue(NULL, "rabbitmq.user: dmn-nobody\n"
-	    "rabbitmq.password: wrong\nredis.key: \"dmn:leader:unready\"\n");
-	unsetenv("NOTIFY_SOCKET");
-	log = log_of(pid);
+	pid = start_notified(&n, path, sizeof(path), "rabbitmq.user: "
+	    "dmn-nobody\nrabbitmq.password: wrong\n"
+	    "redis.key: \"dmn:leader:unready\"\n", &log);
 	ck_assert_msg(wait_log(log, "msg=\"rabbitmq unavailable\"", 1,
 	    20000), "log %s", log);
+	/* `systemctl status` says why it is not ready. */
+	ck_assert_msg(read_notices(&n, "STATUS=rabbitmq unreachable", 10000),
+	    "status: %s", n.status);
 	kill(pid, SIGHUP);
 	ck_assert(wait_log(log, "msg=\"config reloaded\"", 1, 10000));
 	ck_assert_msg(read_notices(&n, "RELOADING=1", 5000),
@@ -2231,6 +2253,38 @@ START_TEST(test_reload_before_ready)
 	    "before the servers answered");
 	ck_assert_int_eq(log_count(log, "msg=\"outboxd ready\""), 0);
 	ck_assert_int_eq(tl_outboxd_stop(pid, 25000), 0);
+	close(n.fd);
+	(void)unlink(path);
+	free(log);
+}
+END_TEST
+
+/*
+ * single-active, with another instance holding the leader key: a
+ * standby, healthy, and `systemctl status` says it stands by rather
+ * than relaying.
+ */
+START_TEST(test_standby_status)
+{
+	struct notices n = { 0 };
+	char path[256], *log;
+	pid_t pid;
+
+	ck_assert(redis_cmd("SET dmn:leader:standby someone-else PX 60000"));
+	pid = start_notified(&n, path, sizeof(path), "relay.mode: "
+	    "single-active\nrelay.workers: 1\n"
+	    "redis.key: \"dmn:leader:standby\"\n", &log);
+	ck_assert_msg(read_notices(&n, "READY=1", 30000), "no READY=1");
+	/* Sent when the leader tick found the key held, maybe before
+	 * READY=1. */
+	ck_assert_msg(strncmp(n.status, "standing by", 11) == 0 ||
+	    read_notices(&n, "STATUS=standing by", 10000), "status: %s",
+	    n.status);
+	ck_assert_str_eq(n.status, "standing by: another instance leads "
+	    "(single-active)");
+	ck_assert_int_eq(log_count(log, "msg=\"leadership acquired\""), 0);
+	ck_assert_int_eq(tl_outboxd_stop(pid, 25000), 0);
+	ck_assert(redis_cmd("DEL dmn:leader:standby"));
 	close(n.fd);
 	(void)unlink(path);
 	free(log);
@@ -2811,6 +2865,7 @@ main(void)
 	tcase_add_test(tc, test_http_port_taken);
 	tcase_add_test(tc, test_systemd_notifications);
 	tcase_add_test(tc, test_reload_before_ready);
+	tcase_add_test(tc, test_standby_status);
 	tcase_add_test(tc, test_repeated_fault_lines_are_limited);
 	tcase_add_test(tc, test_failing_compensation_lines_are_limited);
 	tcase_add_test(tc, test_signals_reach_the_main_thread);
