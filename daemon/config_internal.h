@@ -92,8 +92,9 @@ enum_get(const struct config *c, const struct key *k)
  * wiped first when secret.  The loader and reload both set strings. */
 void cfg_string_set(char **dst, const char *s, bool secret);
 
-/* config_secrets.c.  Zero libyaml's copies of the file (every scalar of a document, the
- * parser's buffers) before they are freed: they hold its passwords. */
+/* config_secrets.c.  Zero libyaml's copies of the file (every scalar of
+ * a document, the parser's buffers) before they are freed: they hold its
+ * passwords. */
 void cfg_document_wipe(yaml_document_t *doc);
 void cfg_parser_wipe(yaml_parser_t *parser);
 

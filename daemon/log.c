@@ -56,6 +56,12 @@ log_detect_journal(void)
 	return journal_prefix;
 }
 
+bool
+log_journal(void)
+{
+	return journal_prefix;
+}
+
 /* The prefix a line of this level starts with: "" outside the journal. */
 static const char *
 line_prefix(enum log_level level)

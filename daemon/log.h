@@ -28,6 +28,8 @@ void log_set_thread_field(const char *);
  * line was stored as info.  Returns whether lines are prefixed.
  */
 bool log_detect_journal(void);
+/* What the last log_detect_journal() found. */
+bool log_journal(void);
 
 /*
  * msg is a short fixed event name ("batch published"); fmt, if not NULL,

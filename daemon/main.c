@@ -140,9 +140,6 @@ usage(FILE *out)
 	    "exit codes: 0 ok, 1 runtime error, 2 usage or config error\n");
 }
 
-/* Set once at start-up: stderr is the journal's (log_detect_journal). */
-static bool journal;
-
 /* Loads the config or prints every error; returns 0 or -1.  Into the
  * journal they go as log lines, so that they are stored as errors: the
  * reason a service did not start must show with `journalctl -p err`. */
@@ -150,7 +147,7 @@ static int
 load_config(struct config *cfg, const char *path)
 {
 	config_defaults(cfg);
-	if (config_load(cfg, path, journal ? NULL : stderr) == -1) {
+	if (config_load(cfg, path, log_journal() ? NULL : stderr) == -1) {
 		config_free(cfg);
 		return -1;
 	}
@@ -483,7 +480,7 @@ main(int argc, char **argv)
 	int opt, rc;
 
 	bound_dns_lookups();
-	journal = log_detect_journal();
+	(void)log_detect_journal();
 	if (path == NULL)
 		path = DEFAULT_CONFIG;
 	/* '+' stops at the command so its own options pass through. */
