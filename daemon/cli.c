@@ -101,57 +101,115 @@ parse_int(const char *s, long min, long max, long *out)
 	return 0;
 }
 
+/* The options that pick dead rows, shared by dead and replay. */
+#define DEAD_FILTER_OPTIONS \
+	{ "exchange", required_argument, NULL, 'x' }, \
+	{ "routing-key", required_argument, NULL, 'k' }, \
+	{ "error", required_argument, NULL, 'e' }
+#define DEAD_FILTER_USAGE \
+	"[--exchange NAME] [--routing-key KEY] [--error TEXT]"
+
+/* Takes a filter option into f; false when opt is not one. */
+static bool
+take_filter_option(int opt, const char *arg, struct dead_filter *f)
+{
+	switch (opt) {
+	case 'x':
+		f->exchange = arg;
+		return true;
+	case 'k':
+		f->routing_key = arg;
+		return true;
+	case 'e':
+		f->error = arg;
+		return true;
+	}
+	return false;
+}
+
 static int
 cmd_dead(struct store *s, int argc, char **argv)
 {
 	static const struct option opts[] = {
 		{ "limit", required_argument, NULL, 'l' },
+		DEAD_FILTER_OPTIONS,
 		{ NULL, 0, NULL, 0 },
 	};
+	static const char usage[] = "usage: outboxd dead [--limit N] "
+	    DEAD_FILTER_USAGE "\n";
+	struct dead_filter filter = { NULL, NULL, NULL };
 	long limit = 100;
 	int opt;
 
 	optind = 1;
 	while ((opt = getopt_long(argc, argv, "l:", opts, NULL)) != -1) {
+		if (take_filter_option(opt, optarg, &filter))
+			continue;
 		if (opt != 'l' || parse_int(optarg, 1, 100000, &limit) == -1) {
-			fprintf(stderr, "usage: outboxd dead [--limit N]\n");
+			fputs(usage, stderr);
 			return EXIT_USAGE;
 		}
 	}
 	/* "dead 5" must not quietly list 100 rows. */
 	if (optind < argc) {
-		fprintf(stderr, "usage: outboxd dead [--limit N]\n");
+		fputs(usage, stderr);
 		return EXIT_USAGE;
 	}
 	if (s == NULL)
 		return 0;
 	printf("id\texchange\trouting_key\tbusiness_key\tattempts\t"
 	    "edit_time\tlast_error\n");
-	if (store_list_dead(s, (int)limit, print_dead, NULL) == -1)
+	if (store_list_dead(s, (int)limit, &filter, print_dead, NULL) == -1)
 		return fail(s);
 	return 0;
 }
 
+/*
+ * replay ID, replay --all, or replay with filters (--all with them too):
+ * the rows of one exchange, routing key or error, once its cause is
+ * fixed, and not every dead row with them.
+ */
 static int
 cmd_replay(struct store *s, int argc, char **argv)
 {
+	static const struct option opts[] = {
+		{ "all", no_argument, NULL, 'a' },
+		DEAD_FILTER_OPTIONS,
+		{ NULL, 0, NULL, 0 },
+	};
+	static const char usage[] = "usage: outboxd replay ID | --all | "
+	    DEAD_FILTER_USAGE "\n";
+	struct dead_filter filter = { NULL, NULL, NULL };
+	bool all = false, filtered = false;
 	int64_t n;
-	long id;
+	long id = 0;
+	int opt;
 
-	if (argc != 2) {
-		fprintf(stderr, "usage: outboxd replay ID | --all\n");
-		return EXIT_USAGE;
+	optind = 1;
+	while ((opt = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+		if (take_filter_option(opt, optarg, &filter))
+			filtered = true;
+		else if (opt == 'a')
+			all = true;
+		else {
+			fputs(usage, stderr);
+			return EXIT_USAGE;
+		}
 	}
-	if (strcmp(argv[1], "--all") == 0) {
-		id = 0;
-	} else if (parse_int(argv[1], 1, LONG_MAX, &id) == -1) {
-		fprintf(stderr, "outboxd: replay: '%s' is not a row id\n",
-		    argv[1]);
+	if (optind + 1 == argc && !all && !filtered) {
+		if (parse_int(argv[optind], 1, LONG_MAX, &id) == -1) {
+			fprintf(stderr, "outboxd: replay: '%s' is not a row "
+			    "id\n", argv[optind]);
+			return EXIT_USAGE;
+		}
+	} else if (optind < argc || (!all && !filtered)) {
+		/* Nothing named, or an id with --all or a filter. */
+		fputs(usage, stderr);
 		return EXIT_USAGE;
 	}
 	if (s == NULL)
 		return 0;
-	if (store_replay_dead(s, id, &n) == -1)
+	if (store_replay_dead(s, id, &filter, &n) == -1)
 		return fail(s);
 	printf("%" PRId64 " row%s replayed\n", n, n == 1 ? "" : "s");
 	/* Asking for one id that is not dead is worth a non-zero exit. */

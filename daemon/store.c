@@ -1660,13 +1660,32 @@ store_purge_sent(struct store *s, int64_t older_than_ms, int chunk,
 	return command_count(s, "purge", PURGE_SENT_SQL, 2, params, n);
 }
 
+/* The dead rows a dead_filter takes, with its fields as $2, $3 and $4
+ * (NULL parameters take any row). */
+#define DEAD_FILTER_SQL \
+	" AND ($2::text IS NULL OR exchange_name = $2::text)" \
+	" AND ($3::text IS NULL OR" \
+	"  coalesce(nullif(routing_key, ''), queue_name) = $3::text)" \
+	" AND ($4::text IS NULL OR strpos(last_error, $4::text) > 0)"
+
+/* params[1..3] from f (NULL: no filter). */
+static void
+dead_filter_params(const struct dead_filter *f, const char *params[4])
+{
+	params[1] = f != NULL ? f->exchange : NULL;
+	params[2] = f != NULL ? f->routing_key : NULL;
+	params[3] = f != NULL ? f->error : NULL;
+}
+
 int
-store_replay_dead(struct store *s, int64_t id, int64_t *n)
+store_replay_dead(struct store *s, int64_t id, const struct dead_filter *f,
+    int64_t *n)
 {
 	char idtext[32];
-	const char *params[1] = { idtext };
+	const char *params[4] = { idtext };
 
 	snprintf(idtext, sizeof(idtext), "%" PRId64, id);
+	dead_filter_params(f, params);
 	if (command_count(s, "replay", "UPDATE t_transactional_message"
 	    " SET message_status = 0, current_retry_times = 0,"
 	    " next_schedule_time = now(), edit_time = now(),"
@@ -1675,8 +1694,8 @@ store_replay_dead(struct store *s, int64_t id, int64_t *n)
 	    /* A deleted row stays dead: replayed, it would be
 	     * PENDING yet never sent, and counted nowhere. */
 	    " WHERE message_status = 3 AND NOT deleted"
-	    " AND ($1::int8 = 0 OR id = $1::int8)",
-	    1, params, n) == -1)
+	    " AND ($1::int8 = 0 OR id = $1::int8)" DEAD_FILTER_SQL,
+	    4, params, n) == -1)
 		return -1;
 	/* Replayed rows are due now: wake the relays rather than wait for
 	 * their next poll. */
@@ -1686,22 +1705,23 @@ store_replay_dead(struct store *s, int64_t id, int64_t *n)
 }
 
 int
-store_list_dead(struct store *s, int limit,
+store_list_dead(struct store *s, int limit, const struct dead_filter *f,
     void (*fn)(const struct dead_row *, void *), void *arg)
 {
 	char lim[16];
-	const char *params[1] = { lim };
+	const char *params[4] = { lim };
 	PGresult *res;
 
 	snprintf(lim, sizeof(lim), "%d", limit);
+	dead_filter_params(f, params);
 	res = query(s, "dead", "SELECT id, exchange_name,"
 	    " coalesce(nullif(routing_key, ''), queue_name),"
 	    " coalesce(business_key, ''), current_retry_times,"
 	    " to_char(edit_time, 'YYYY-MM-DD\"T\"HH24:MI:SSOF'),"
 	    " coalesce(last_error, '')"
 	    " FROM t_transactional_message WHERE message_status = 3"
-	    " AND NOT deleted ORDER BY id DESC LIMIT $1::int4", 1, params,
-	    PGRES_TUPLES_OK);
+	    " AND NOT deleted" DEAD_FILTER_SQL " ORDER BY id DESC"
+	    " LIMIT $1::int4", 4, params, PGRES_TUPLES_OK);
 	if (res == NULL)
 		return -1;
 	for (int i = 0; i < PQntuples(res); i++) {

@@ -193,9 +193,19 @@ int store_sweep_exhausted(struct store *, int64_t *n) WARN_UNUSED;
  * more than older_than_ms ago; sets *n to how many were deleted. */
 int store_purge_sent(struct store *, int64_t older_than_ms, int chunk,
     int64_t *n) WARN_UNUSED;
-/* Makes dead rows due again with their retry count reset: one id, or
- * every dead row when id is 0.  Sets *n; wakes the relays. */
-int store_replay_dead(struct store *, int64_t id, int64_t *n) WARN_UNUSED;
+/* Which dead rows a listing or a replay takes; a NULL field takes any.
+ * After an outage of one exchange, say, its rows alone are replayed. */
+struct dead_filter {
+	const char *exchange;		/* exchange_name ("" = the default) */
+	const char *routing_key;	/* routing_key, else queue_name */
+	const char *error;		/* a part of last_error */
+};
+
+/* Makes dead rows due again with their retry count reset: one id, or,
+ * when id is 0, every dead row that filter (NULL: any) takes.  Sets *n;
+ * wakes the relays. */
+int store_replay_dead(struct store *, int64_t id, const struct dead_filter *,
+    int64_t *n) WARN_UNUSED;
 
 /* One dead row, for listing. */
 struct dead_row {
@@ -207,8 +217,9 @@ struct dead_row {
 	const char *edit_time;
 	const char *last_error;
 };
-/* Calls fn for up to limit dead rows, newest first. */
-int store_list_dead(struct store *, int limit,
+/* Calls fn for up to limit dead rows that filter (NULL: any) takes,
+ * newest first. */
+int store_list_dead(struct store *, int limit, const struct dead_filter *,
     void (*fn)(const struct dead_row *, void *), void *arg) WARN_UNUSED;
 
 /* Session-level PostgreSQL advisory lock: the leader election fallback

@@ -1711,6 +1711,73 @@ wait_migrate(pid_t pid)
  * soft-deleted was listed, counted, and "replayed" into a PENDING row
  * that is never sent.  Usage errors say 2 before any connection.
  */
+/*
+ * After an outage of one exchange, its dead rows are replayed and no
+ * others: dead and replay take --exchange, --routing-key and --error
+ * (a part of last_error), all of which a row must match.
+ */
+START_TEST(test_cli_dead_and_replay_filters)
+{
+	static char out[65536], err[65536];
+	char cfg[512];
+
+	/* Six dead rows: exchanges a, a, b and the default; errors. */
+	enqueue("dmn.f1", 4);
+	enqueue("dmn.f2", 2);
+	tl_sql(db, "WITH r AS (SELECT id, row_number() OVER (ORDER BY id) n "
+	    "FROM t_transactional_message) UPDATE t_transactional_message t "
+	    "SET message_status = 3, current_retry_times = 5, "
+	    "exchange_name = CASE WHEN n <= 2 THEN 'dmn.a' WHEN n = 3 THEN "
+	    "'dmn.b' ELSE '' END, "
+	    "last_error = CASE WHEN n %% 2 = 1 THEN 'rejected: NOT_FOUND - "
+	    "no exchange' ELSE 'unroutable: NO_ROUTE (312)' END "
+	    "FROM r WHERE r.id = t.id");
+	tl_config_write(cfg, sizeof(cfg), NULL);
+
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    cfg, "dead", "--exchange", "dmn.a", NULL), 0);
+	ck_assert_int_eq(count_in(out, "\n"), 3);
+	ck_assert_int_eq(count_in(out, "\tdmn.a\t"), 2);
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    cfg, "dead", "--exchange", "", "--routing-key", "dmn.f2", NULL), 0);
+	ck_assert_int_eq(count_in(out, "\t(default)\tdmn.f2\t"), 2);
+	ck_assert_int_eq(count_in(out, "\n"), 3);
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    cfg, "dead", "--error", "NO_ROUTE", "--limit", "2", NULL), 0);
+	ck_assert_int_eq(count_in(out, "NO_ROUTE"), 2);
+	ck_assert_int_eq(count_in(out, "\n"), 3);
+
+	/* Exchange a's rows, then b's NOT_FOUND ones (with --all). */
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    cfg, "replay", "--exchange", "dmn.a", NULL), 0);
+	ck_assert_msg(strstr(out, "2 rows replayed") != NULL, "out: %s", out);
+	ck_assert_int_eq(tl_sql_int(db, "SELECT count(*) FROM "
+	    "t_transactional_message WHERE message_status = 0 AND "
+	    "current_retry_times = 0 AND exchange_name = 'dmn.a'"), 2);
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    cfg, "replay", "--all", "--error", "NOT_FOUND", "--exchange",
+	    "dmn.b", NULL), 0);
+	ck_assert_msg(strstr(out, "1 row replayed") != NULL, "out: %s", out);
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    cfg, "replay", "--error", "no such error", NULL), 0);
+	ck_assert_msg(strstr(out, "0 rows replayed") != NULL, "out: %s", out);
+	ck_assert_int_eq(tl_sql_int(db, COUNT_STATUS(3)), 3);
+
+	/* Nothing named, an id with a filter, a stray word: usage, exit 2,
+	 * nothing replayed. */
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    cfg, "replay", NULL), 2);
+	ck_assert_msg(strstr(err, "--routing-key KEY") != NULL, "err: %s", err);
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    cfg, "replay", "5", "--exchange", "dmn.a", NULL), 2);
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    cfg, "replay", "--exchange", NULL), 2);
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    cfg, "dead", "--exchange", "dmn.a", "extra", NULL), 2);
+	ck_assert_int_eq(tl_sql_int(db, COUNT_STATUS(3)), 3);
+}
+END_TEST
+
 START_TEST(test_cli_odd_rows_and_usage)
 {
 	static char out[65536], err[65536];
@@ -2861,6 +2928,7 @@ main(void)
 	tcase_add_test(tc, test_migration_005_runs_again_cheaply);
 	tcase_add_test(tc, test_migrate_refuses_a_seed_table);
 	tcase_add_test(tc, test_cli_odd_rows_and_usage);
+	tcase_add_test(tc, test_cli_dead_and_replay_filters);
 	tcase_add_test(tc, test_metrics_and_health);
 	tcase_add_test(tc, test_http_port_taken);
 	tcase_add_test(tc, test_systemd_notifications);
