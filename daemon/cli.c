@@ -109,6 +109,14 @@ parse_int(const char *s, long min, long max, long *out)
 #define DEAD_FILTER_USAGE \
 	"[--exchange NAME] [--routing-key KEY] [--error TEXT]"
 
+/* Whether f picks rows at all (a field is given). */
+static bool
+filter_given(const struct dead_filter *f)
+{
+	return f->exchange != NULL || f->routing_key != NULL ||
+	    f->error != NULL;
+}
+
 /* Takes a filter option into f; false when opt is not one. */
 static bool
 take_filter_option(int opt, const char *arg, struct dead_filter *f)
@@ -180,7 +188,7 @@ cmd_replay(struct store *s, int argc, char **argv)
 	static const char usage[] = "usage: outboxd replay ID | --all | "
 	    DEAD_FILTER_USAGE "\n";
 	struct dead_filter filter = { NULL, NULL, NULL };
-	bool all = false, filtered = false;
+	bool all = false;
 	int64_t n;
 	long id = 0;
 	int opt;
@@ -188,21 +196,21 @@ cmd_replay(struct store *s, int argc, char **argv)
 	optind = 1;
 	while ((opt = getopt_long(argc, argv, "", opts, NULL)) != -1) {
 		if (take_filter_option(opt, optarg, &filter))
-			filtered = true;
-		else if (opt == 'a')
+			continue;
+		if (opt == 'a')
 			all = true;
 		else {
 			fputs(usage, stderr);
 			return EXIT_USAGE;
 		}
 	}
-	if (optind + 1 == argc && !all && !filtered) {
+	if (optind + 1 == argc && !all && !filter_given(&filter)) {
 		if (parse_int(argv[optind], 1, LONG_MAX, &id) == -1) {
 			fprintf(stderr, "outboxd: replay: '%s' is not a row "
 			    "id\n", argv[optind]);
 			return EXIT_USAGE;
 		}
-	} else if (optind < argc || (!all && !filtered)) {
+	} else if (optind < argc || (!all && !filter_given(&filter))) {
 		/* Nothing named, or an id with --all or a filter. */
 		fputs(usage, stderr);
 		return EXIT_USAGE;
