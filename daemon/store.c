@@ -1421,16 +1421,19 @@ relock_marked_rows(struct store *s, struct store_mark *marks, size_t n)
 	return 0;
 }
 
-/* The refusal text of the k-th refused row, grown as needed. */
-static char *
-refusal_slot(struct store *s, size_t k)
+/*
+ * Room for the refusal texts of n rows, made before the first is handed
+ * out: the marks point into it until the relay has logged them, so it
+ * must not move meanwhile.  It was grown at need, and from a batch's
+ * fifth refused row on the first four pointed into freed memory.
+ */
+static void
+reserve_refusals(struct store *s, size_t n)
 {
-	if (k >= s->refusals_cap) {
-		s->refusals_cap = s->refusals_cap ? s->refusals_cap * 2 : 4;
-		s->refusals = xrealloc(s->refusals, s->refusals_cap *
-		    sizeof(*s->refusals));
+	if (n > s->refusals_cap) {
+		s->refusals_cap = n;
+		s->refusals = xrealloc(s->refusals, n * sizeof(*s->refusals));
 	}
-	return s->refusals[k];
 }
 
 /*
@@ -1445,6 +1448,7 @@ write_marks_one_by_one(struct store *s, struct store_mark *marks, size_t n)
 {
 	size_t refused = 0;
 
+	reserve_refusals(s, n);
 	PQclear(PQexec(s->conn, "ROLLBACK"));
 	if (exec_command(s, "BEGIN") == -1)
 		return -1;
@@ -1466,7 +1470,7 @@ write_marks_one_by_one(struct store *s, struct store_mark *marks, size_t n)
 		if (!row_specific(s) ||
 		    exec_command(s, "ROLLBACK TO outboxd_mark") == -1)
 			return -1;
-		why = refusal_slot(s, refused++);
+		why = s->refusals[refused++];
 		snprintf(why, STORE_REFUSAL_LEN, "the database refused to mark "
 		    "it %s: %s (%s)", m->kind == MARK_SUCCESS ? "sent (it was "
 		    "published and confirmed)" : m->kind == MARK_RETRY ?

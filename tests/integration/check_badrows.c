@@ -751,8 +751,8 @@ START_TEST(test_message_that_breaks_connections)
 }
 END_TEST
 
-/* A trigger that refuses to update the row with business_key 'refused'
- * when `when` holds of NEW. */
+/* A trigger that refuses to update the rows whose business_key starts
+ * with 'refused' when `when` holds of NEW. */
 static void
 refuse_marks(const char *when)
 {
@@ -764,7 +764,7 @@ refuse_marks(const char *when)
 	    " RAISE EXCEPTION 'badrows: mark refused'; END $$");
 	tl_sql(db, "CREATE TRIGGER badrows_refuse_mark BEFORE UPDATE ON"
 	    " t_transactional_message FOR EACH ROW WHEN"
-	    " (NEW.business_key = 'refused' AND %s)"
+	    " (NEW.business_key LIKE 'refused%%' AND %s)"
 	    " EXECUTE FUNCTION badrows_refuse_mark()", when);
 }
 
@@ -776,25 +776,39 @@ allow_marks(void)
 	tl_sql(db, "DROP FUNCTION badrows_refuse_mark()");
 }
 
+#define REFUSED_SENT "the database refused to mark it sent (it was " \
+	"published and confirmed): badrows: mark refused (P0001)"
+
 /*
- * The database refuses to mark one row sent (a trigger's exception; a
+ * The database refuses to mark a row sent (a trigger's exception; a
  * constraint would do the same), in a batch with 20 good rows.  The
  * batch's one UPDATE failed, the whole batch rolled back, and every row
  * was published again at each paced retry, none ever marked.  Now the
  * marks are written again row by row: the good rows are SUCCESS, each
- * received once, and the refused row is DEAD, with why.
+ * received once, and the refused row is DEAD, with why.  Six rows are
+ * refused: the texts of the first four were freed when the fifth came,
+ * and their `message dead` lines read freed memory (ASan: use after
+ * free).
  */
 START_TEST(test_mark_refused_for_one_row)
 {
+	char key[32];
 	pid_t pid;
 
 	refuse_marks("NEW.message_status = 1");
-	/* One relay: the 21 rows in one batch, one UPDATE. */
+	/* One relay: the 26 rows in one batch, one UPDATE. */
 	pid = start_with(BASE_YAML "relay.workers: 1\n", "SELECT "
-	    "outbox_enqueue('', '" GOOD "', 'x', business_key => 'refused')");
-	assert_row("refused", 3, 1, "the database refused to mark it sent "
-	    "(it was published and confirmed): badrows: mark refused (P0001)");
+	    "outbox_enqueue('', '" GOOD "', 'x', business_key => 'refused' || "
+	    "CASE WHEN g = 1 THEN '' ELSE '-' || g END) "
+	    "FROM generate_series(1, 6) g");
+	assert_row("refused", 3, 1, REFUSED_SENT);
+	for (int i = 2; i <= 6; i++) {
+		snprintf(key, sizeof(key), "refused-%d", i);
+		assert_row(key, 3, 1, REFUSED_SENT);
+	}
 	ck_assert_int_eq(assert_good_delivered(), 0);
+	ck_assert_int_eq(tl_file_lines(tl_outboxd_log(pid),
+	    "msg=\"message dead\"", "error=\"" REFUSED_SENT "\""), 6);
 	ck_assert_int_eq(tl_file_lines(tl_outboxd_log(pid),
 	    "msg=\"marking failed\"", NULL), 0);
 	allow_marks();
