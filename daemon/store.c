@@ -51,6 +51,9 @@
  * and with it every claim, the row being the oldest due one.  A NULL
  * backoff or create_time (a table whose NOT NULL was dropped: the schema
  * check looks at columns and types only) is the column's default.
+ * The id and the factor are cast to the widths they are read at: an
+ * older table's integer id or real factor was read as 8 bytes, so the
+ * row was published under a wrong message_id and never marked.
  *
  * Memory: a content longer than $3 (rabbitmq.max_payload, which refuses
  * it unsent) is not fetched, only its length (octet_length reads the
@@ -81,15 +84,16 @@
     "  FROM due u LEFT JOIN LATERAL (SELECT octet_length(c.content)" \
     "   AS len, c.content FROM t_transactional_message_content c" \
     "   WHERE c.message_id = u.id OFFSET 0) l ON true)" \
-    " SELECT d.id, d.exchange_name, d.exchange_type," \
+    " SELECT d.id::int8, d.exchange_name, d.exchange_type," \
     "  coalesce(nullif(d.routing_key, ''), d.queue_name)," \
     "  d.content_type, coalesce(d.business_module, '')," \
     "  coalesce(d.business_key, ''), d.current_retry_times::int4," \
     "  d.max_retry_times::int4," \
     "  (extract(epoch FROM coalesce(d.init_backoff," \
     "   interval '10 seconds')) * 1000)::int8," \
-    "  coalesce(d.backoff_factor, 2), extract(epoch FROM CASE WHEN" \
-    "   isfinite(d.create_time) THEN d.create_time ELSE now() END)::int8," \
+    "  coalesce(d.backoff_factor, 2)::float8," \
+    "  extract(epoch FROM CASE WHEN isfinite(d.create_time)" \
+    "   THEN d.create_time ELSE now() END)::int8," \
     "  CASE WHEN d.len <= $3::int8 THEN d.content END," \
     "  CASE WHEN d.headers IS NULL OR jsonb_typeof(d.headers) IN" \
     "   ('object', 'null')" \

@@ -998,15 +998,18 @@ START_TEST(test_infinite_create_time)
 }
 END_TEST
 
-/* The NOT NULLs test_null_numbers drops, back (with the rows gone):
- * also the "values" case's unchecked teardown, for a failed test. */
+/* The NOT NULLs test_null_numbers drops and the types
+ * test_narrow_id_and_factor changes, back (with the rows gone): also
+ * the "values" case's unchecked teardown, for a failed test. */
 static void
-restore_not_null(void)
+restore_columns(void)
 {
 	PGconn *c = tl_pg();
 
 	tl_reset_db(c);
 	tl_sql(c, "ALTER TABLE t_transactional_message"
+	    " ALTER id TYPE bigint,"
+	    " ALTER backoff_factor TYPE double precision,"
 	    " ALTER init_backoff SET NOT NULL,"
 	    " ALTER backoff_factor SET NOT NULL,"
 	    " ALTER create_time SET NOT NULL");
@@ -1059,7 +1062,38 @@ START_TEST(test_null_numbers)
 	drain(&id, 1, 5000, 10000);
 	ck_assert_int_eq(times_received(id), 1);
 	assert_still_serving(pid);
-	restore_not_null();
+	restore_columns();
+}
+END_TEST
+
+/*
+ * A table from before outboxd, kept by migration 001's IF NOT EXISTS,
+ * with an integer id and a real backoff_factor (the schema check does
+ * not look at their types).  Both were read as 8 bytes: every row was
+ * published under a wrong message_id and never marked, so it was sent
+ * again at every cycle, and the factor was nonsense, so the global
+ * backoff was used instead of the row's.
+ */
+START_TEST(test_narrow_id_and_factor)
+{
+	char sql[512];
+	long long dups;
+	pid_t pid;
+
+	tl_sql(db, "ALTER TABLE t_transactional_message"
+	    " ALTER id TYPE integer, ALTER backoff_factor TYPE real");
+	snprintf(sql, sizeof(sql), "SELECT outbox_enqueue("
+	    "'badrows.none.%s', 'k', 'x', business_key => 'factor-3', "
+	    "init_backoff => '1s', backoff_factor => 3)", uniq);
+	pid = start_with(BASE_YAML, sql);
+	assert_row("factor-3", 2, 1, "NOT_FOUND");
+	ck_assert_int_eq(scheduled_delay_ms("factor-3"), 1000);
+	assert_row("factor-3", 2, 2, "NOT_FOUND");
+	ck_assert_int_eq(scheduled_delay_ms("factor-3"), 3000);
+	dups = assert_good_delivered();
+	ck_assert_msg(dups == 0, "%lld rows sent twice", dups);
+	assert_still_serving(pid);
+	restore_columns();
 }
 END_TEST
 
@@ -1100,9 +1134,10 @@ main(void)
 	tc = tcase_create("values");
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_set_timeout(tc, 300);
-	tcase_add_unchecked_fixture(tc, NULL, restore_not_null);
+	tcase_add_unchecked_fixture(tc, NULL, restore_columns);
 	tcase_add_test(tc, test_infinite_create_time);
 	tcase_add_test(tc, test_null_numbers);
+	tcase_add_test(tc, test_narrow_id_and_factor);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
