@@ -46,6 +46,7 @@ struct leader {
 	/* A compensation or advisory-lock try that keeps failing is
 	 * retried every poll interval (10 ms at the least). */
 	struct log_limit compensation_log, advisory_log;
+	struct log_limit purge_log;	/* tried once a purge interval */
 	struct leader_gauges gauges;
 };
 
@@ -250,6 +251,48 @@ leader_compensation_interval_ms(int64_t poll_interval_ms, int64_t took_ms)
 	return stretched > poll_interval_ms ? stretched : poll_interval_ms;
 }
 
+/*
+ * Deletes SUCCESS rows past relay.retention, a few chunks per pass;
+ * returns how many.  A purge that fails is logged and tried again at
+ * the next purge interval, and the rest of the compensation goes on:
+ * before, a role without DELETE failed every compensation at the purge,
+ * so the row gauges were never set and an alert on dead rows never
+ * fired.
+ */
+static int64_t
+purge_sent(struct leader *l)
+{
+	int64_t n, purged = 0;
+
+	for (int i = 0; i < PURGE_CHUNKS_PER_TICK; i++) {
+		if (store_purge_sent(l->store, l->conf.retention_ms,
+		    PURGE_CHUNK, &n) == -1) {
+			log_event_limited(&l->purge_log, LOG_WARN,
+			    "sent rows not purged", "rows=%" PRId64
+			    " retry_in_ms=%d error=%s%s", purged,
+			    PURGE_INTERVAL_MS, log_quote((char[600]){ 0 },
+			    600, store_error(l->store)),
+			    store_permission_denied(l->store) ? " hint=\"grant "
+			    "DELETE on t_transactional_message to this role "
+			    "(examples/roles.sql), or set relay.retention: "
+			    "0\"" : "");
+			break;
+		}
+		purged += n;
+		if (n < PURGE_CHUNK) {
+			log_limit_reset(&l->purge_log);
+			break;
+		}
+	}
+	if (purged > 0)
+		log_info("sent rows purged", "rows=%" PRId64
+		    " older_than_ms=%" PRId64, purged, l->conf.retention_ms);
+	/* A backlog is worked off at the next compensation. */
+	l->next_purge_ms = purged >= PURGE_CHUNK * PURGE_CHUNKS_PER_TICK ?
+	    0 : now_mono_ms() + PURGE_INTERVAL_MS;
+	return purged;
+}
+
 static void
 compensate(struct leader *l)
 {
@@ -259,24 +302,8 @@ compensate(struct leader *l)
 		goto fail;
 	if (n > 0)
 		log_warn("rows out of retries marked dead", "rows=%" PRId64, n);
-	if (l->conf.retention_ms > 0 && now_mono_ms() >= l->next_purge_ms) {
-		for (int i = 0; i < PURGE_CHUNKS_PER_TICK; i++) {
-			if (store_purge_sent(l->store, l->conf.retention_ms,
-			    PURGE_CHUNK, &n) == -1)
-				goto fail;
-			purged += n;
-			if (n < PURGE_CHUNK)
-				break;
-		}
-		if (purged > 0)
-			log_info("sent rows purged", "rows=%" PRId64
-			    " older_than_ms=%" PRId64, purged,
-			    l->conf.retention_ms);
-		/* A backlog is worked off at the next compensation. */
-		l->next_purge_ms = purged >= PURGE_CHUNK *
-		    PURGE_CHUNKS_PER_TICK ? 0 : now_mono_ms() +
-		    PURGE_INTERVAL_MS;
-	}
+	if (l->conf.retention_ms > 0 && now_mono_ms() >= l->next_purge_ms)
+		purged = purge_sent(l);
 	if (store_counts(l->store, false, &l->gauges.counts) == -1)
 		goto fail;
 	l->gauges.valid = true;

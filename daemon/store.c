@@ -1326,6 +1326,12 @@ store_session_read_only(const struct store *s)
 	return strcmp(s->sqlstate, "25006") == 0;
 }
 
+bool
+store_permission_denied(const struct store *s)
+{
+	return strcmp(s->sqlstate, "42501") == 0;
+}
+
 /* Whether the last failed statement's error can come from one row, on
  * a session still up. */
 static bool

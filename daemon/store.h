@@ -171,6 +171,9 @@ bool store_sqlstate_row_specific(const char *sqlstate);
  * 25006): its server became a standby, or was made read-only, after the
  * session began.  Only a new session can go on, maybe on another host. */
 bool store_session_read_only(const struct store *);
+/* The last statement failed for want of a privilege (SQLSTATE 42501):
+ * the role lacks a grant that examples/roles.sql gives. */
+bool store_permission_denied(const struct store *);
 /* Rolls back (rows become due again untouched) and releases the batch. */
 void store_abort(struct store *, struct store_batch *);
 

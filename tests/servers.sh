@@ -298,6 +298,11 @@ start_pg() {
 		full_page_writes = off
 		log_min_messages = warning
 		EOF
+		# Every role is trusted but outboxd_pw, which must give its
+		# password: the tests of password files and of the roles in
+		# examples/roles.sql log in as it.
+		as_pg sed -i '1i host all outboxd_pw 127.0.0.1/32 scram-sha-256' \
+			"$data/pg_hba.conf"
 	fi
 	if tls_on && tls_pg_conf "$data" && pg_ready; then
 		as_pg "$PG_BIN/pg_ctl" -D "$data" reload >/dev/null

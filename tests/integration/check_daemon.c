@@ -2639,6 +2639,34 @@ START_TEST(test_secrets_never_logged)
 }
 END_TEST
 
+/*
+ * The group roles of examples/roles.sql, and outboxd_pw in outbox_relay
+ * with password: the one role the test server asks for its password
+ * (tests/servers.sh).  Returns the conninfo to log in as it.
+ */
+static const char *
+relay_role(const char *password)
+{
+	static char conninfo[512];
+	const char *src = getenv("OUTBOXD_SRCDIR");
+	char path[512], *sql;
+
+	snprintf(path, sizeof(path), "%s/examples/roles.sql", src ? src : ".");
+	sql = slurp(path);
+	tl_sql(db, "%s", sql);
+	free(sql);
+	tl_sql(db, "DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE "
+	    "rolname = 'outboxd_pw') THEN CREATE ROLE outboxd_pw; END IF; "
+	    "END $$");
+	tl_sql(db, "ALTER ROLE outboxd_pw LOGIN NOSUPERUSER PASSWORD '%s'",
+	    password);
+	tl_sql(db, "GRANT outbox_relay TO outboxd_pw");
+	/* libpq takes the last of a repeated keyword. */
+	snprintf(conninfo, sizeof(conninfo), "%s user=outboxd_pw",
+	    tl_env("OUTBOXD_PG_CONNINFO"));
+	return conninfo;
+}
+
 /* A password file of dir's, written with text and mode 0600. */
 static void
 password_file(char *path, size_t size, const char *name, const char *text)
@@ -2661,13 +2689,15 @@ password_file(char *path, size_t size, const char *name, const char *text)
  * new passwords, without a restart (before, it used the one read at
  * start-up until restarted, and RabbitMQ refused every login).  A file
  * that cannot be read at a reconnect keeps the last password read.
- * PostgreSQL's test server trusts every local login, so for it the test
- * shows the file was read again, not that the server checked it.
+ * PostgreSQL's password changes first here, as when an operator rotates
+ * it before the agent rewrites the file: the logins fail with
+ * PostgreSQL's reason, no row moves, and the new file ends it.
  */
 START_TEST(test_password_files_read_at_each_connect)
 {
 	char pg_file[512], amqp_file[512], redis_file[512], yaml[2048];
-	char *log;
+	char health[256], *log;
+	const char *conninfo = relay_role(PG_SECRET);
 	pid_t pid;
 
 	rabbit_user("dmnrotate", RABBIT_SECRET);
@@ -2676,13 +2706,14 @@ START_TEST(test_password_files_read_at_each_connect)
 	password_file(pg_file, sizeof(pg_file), "pg", PG_SECRET);
 	password_file(amqp_file, sizeof(amqp_file), "amqp", RABBIT_SECRET);
 	password_file(redis_file, sizeof(redis_file), "redis", REDIS_SECRET);
-	snprintf(yaml, sizeof(yaml), "postgres.password_file: \"%s\"\n"
+	snprintf(yaml, sizeof(yaml), "postgres.conninfo: \"%s\"\n"
+	    "postgres.password_file: \"%s\"\n"
 	    "rabbitmq.user: dmnrotate\nrabbitmq.password_file: \"%s\"\n"
 	    "redis.username: dmnrotate\nredis.password_file: \"%s\"\n"
 	    "redis.key: \"dmn:leader:rotate\"\nredis.ttl: 3s\n"
 	    "relay.workers: 1\n"
 	    "reconnect: { init: 50ms, max: 500ms }\n"
-	    "http.listen: \"127.0.0.1:%d\"\n", pg_file, amqp_file,
+	    "http.listen: \"127.0.0.1:%d\"\n", conninfo, pg_file, amqp_file,
 	    redis_file, http_port());
 	pid = start_ready("dmn.rotate", yaml, &log);
 	ck_assert_msg(wait_log(log, "msg=\"redis connected\"", 1, 20000),
@@ -2694,7 +2725,7 @@ START_TEST(test_password_files_read_at_each_connect)
 	    RABBIT_SECRET2 "'"), 0);
 	ck_assert(redis_cmd("ACL SETUSER dmnrotate resetpass >%s",
 	    REDIS_SECRET2));
-	password_file(pg_file, sizeof(pg_file), "pg", PG_SECRET2);
+	tl_sql(db, "ALTER ROLE outboxd_pw PASSWORD '%s'", PG_SECRET2);
 	password_file(amqp_file, sizeof(amqp_file), "amqp", RABBIT_SECRET2);
 	password_file(redis_file, sizeof(redis_file), "redis", REDIS_SECRET2);
 	ck_assert_int_eq(rabbitmqctl("close_all_connections rotated"), 0);
@@ -2702,6 +2733,13 @@ START_TEST(test_password_files_read_at_each_connect)
 	tl_sql(db, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
 	    "WHERE application_name = 'outboxd'");
 	enqueue("dmn.rotate", 5);
+	ck_assert_msg(wait_log(log, "password authentication failed for user "
+	    "\\\"outboxd_pw\\\"", 1, 20000), "log %s", log);
+	ck_assert_int_eq(wait_health(503, health, sizeof(health), 20000), 503);
+	ck_assert_msg(strstr(health, "postgres unreachable") != NULL,
+	    "reason: %s", health);
+	ck_assert_int_eq(tl_sql_int(db, COUNT_STATUS(0)), 5);
+	password_file(pg_file, sizeof(pg_file), "pg", PG_SECRET2);
 	ck_assert_int_eq(tl_wait_sql_int(db, 10, 20000, COUNT_STATUS(1)), 10);
 	ck_assert_msg(wait_log(log, PASSWORD_CHANGED("rabbitmq.password_file"),
 	    1, 10000), "log %s", log);
@@ -2723,6 +2761,78 @@ START_TEST(test_password_files_read_at_each_connect)
 	    "file is accessible by group or others", 1, 10000), "log %s", log);
 	stop_showing_no_secret(pid, log);
 	(void)redis_cmd("ACL DELUSER dmnrotate");
+}
+END_TEST
+
+/*
+ * outboxd as a member of examples/roles.sql's outbox_relay, logging in
+ * with a password: it relays, marks a failure DEAD, sweeps a row out of
+ * retries, purges an old sent row, and the commands work.  Without
+ * DELETE the purge fails with a hint and the rest goes on; before, it
+ * failed every compensation, so the row gauges were never set and
+ * outboxd_rows_dead read 0 with dead rows in the table.
+ */
+START_TEST(test_least_privileged_role)
+{
+	static char out[16384], err[16384];
+	const char *conninfo = relay_role(PG_SECRET);
+	char pg_file[512], cfg[512], yaml[2048], *log;
+	pid_t pid;
+
+	password_file(pg_file, sizeof(pg_file), "pg", PG_SECRET);
+	snprintf(yaml, sizeof(yaml), "postgres.conninfo: \"%s\"\n"
+	    "postgres.password_file: \"%s\"\n"
+	    "redis.key: \"dmn:leader:role\"\n"
+	    "http.listen: \"127.0.0.1:%d\"\n", conninfo, pg_file,
+	    http_port());
+	tl_sql(db, "INSERT INTO t_transactional_message (message_status, "
+	    "edit_time, next_schedule_time) VALUES (1, now() - interval "
+	    "'30 days', NULL)");
+	tl_sql(db, "INSERT INTO t_transactional_message (message_status, "
+	    "current_retry_times, max_retry_times) VALUES (2, 5, 5)");
+	tl_sql(db, "SELECT outbox_enqueue('dmn.role.missing', 'k', 'x', "
+	    "max_retry_times => 1)");
+	pid = start_ready("dmn.role", yaml, &log);
+	enqueue("dmn.role", 5);
+	ck_assert_int_eq(tl_wait_sql_int(db, 5, 20000, COUNT_STATUS(1)), 5);
+	ck_assert_int_eq(tl_wait_sql_int(db, 2, 20000, COUNT_STATUS(3)), 2);
+	ck_assert_msg(wait_log(log, "msg=\"sent rows purged\" rows=1", 1,
+	    20000), "log %s", log);
+	ck_assert_double_eq(wait_metric("outboxd_rows_dead", 2, 20000), 2);
+	ck_assert_int_eq(log_count(log, "permission denied"), 0);
+	tl_config_write(cfg, sizeof(cfg), yaml);
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    cfg, "status", NULL), 0);
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    cfg, "replay", "--exchange", "dmn.role.missing", NULL), 0);
+	ck_assert_str_eq(out, "1 row replayed\n");
+	/* Its exchange is still missing: dead again at once. */
+	ck_assert_msg(wait_log(log, "msg=\"message dead\"", 2, 20000),
+	    "log %s", log);
+	ck_assert_int_eq(tl_outboxd_stop(pid, 25000), 0);
+	check_logfmt(log);
+	free(log);
+
+	/* No DELETE: the purge is refused, the counts still come. */
+	tl_sql(db, "REVOKE DELETE ON t_transactional_message FROM "
+	    "outbox_relay");
+	tl_sql(db, "INSERT INTO t_transactional_message (message_status, "
+	    "edit_time, next_schedule_time) VALUES (1, now() - interval "
+	    "'30 days', NULL)");
+	pid = start_ready("dmn.role", yaml, &log);
+	ck_assert_msg(wait_log(log, "msg=\"sent rows not purged\" rows=0 "
+	    "retry_in_ms=60000 error=\"purge: ERROR:  permission denied for "
+	    "table t_transactional_message\" hint=\"grant DELETE", 1, 20000),
+	    "log %s", log);
+	ck_assert_double_eq(wait_metric("outboxd_rows_dead", 2, 20000), 2);
+	enqueue("dmn.role", 5);
+	/* 5 + 5 sent, and the old row, kept. */
+	ck_assert_int_eq(tl_wait_sql_int(db, 11, 20000, COUNT_STATUS(1)), 11);
+	ck_assert_int_eq(log_count(log, "msg=\"compensation failed\""), 0);
+	ck_assert_int_eq(tl_outboxd_stop(pid, 25000), 0);
+	tl_sql(db, "GRANT DELETE ON t_transactional_message TO outbox_relay");
+	check_logfmt(log);
+	free(log);
 }
 END_TEST
 
@@ -2949,6 +3059,7 @@ main(void)
 	tcase_add_test(tc, test_read_only_server);
 	tcase_add_test(tc, test_secrets_never_logged);
 	tcase_add_test(tc, test_password_files_read_at_each_connect);
+	tcase_add_test(tc, test_least_privileged_role);
 	tcase_add_test(tc, test_worker_without_connection);
 	tcase_add_test(tc, test_user_without_the_default_exchange);
 	tcase_add_test(tc, test_log_lines_are_logfmt);
