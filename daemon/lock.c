@@ -660,15 +660,22 @@ lock_release(struct lock *l)
 {
 	redisReply *reply = NULL;
 	int64_t deadline;
+	const char *token;
 	char qkey[256], qerr[320];
 
-	if (l == NULL || !l->enabled || !l->held)
+	if (l == NULL || !l->enabled)
+		return;
+	/* A key lost while Redis did not answer may have outlived the
+	 * outage, under our token: it is deleted too, or the next leader
+	 * waited out the rest of its ttl after a stop. */
+	token = l->held ? l->token : l->lost_token;
+	if (token[0] == '\0')
 		return;
 	deadline = now_mono_ms() + l->connect_timeout_ms;
 	if (l->ctx != NULL || lock_connect(l, deadline) == 0)
 		reply = lock_command(l, deadline, R(REDIS_REPLY_INTEGER),
 		    "release", "EVAL %s 1 %s %s", release_script, l->key,
-		    l->token);
+		    token);
 	if (reply == NULL) {
 		log_warn("leader lock not released", "key=%s error=%s "
 		    "expires_in_ms=%" PRId64,
@@ -676,8 +683,8 @@ lock_release(struct lock *l)
 		    log_quote(qerr, sizeof(qerr), l->error), l->ttl_ms);
 	} else if (reply->integer == 1) {
 		log_info("leader lock released", "key=%s token=%s",
-		    log_quote(qkey, sizeof(qkey), l->key), l->token);
-	} else {
+		    log_quote(qkey, sizeof(qkey), l->key), token);
+	} else if (l->held) {
 		/* Compare-and-delete left the other holder's key alone. */
 		lock_lost(l, "not ours at release", false);
 	}
@@ -685,6 +692,7 @@ lock_release(struct lock *l)
 		freeReplyObject(reply);
 	l->held = false;
 	l->token[0] = '\0';
+	l->lost_token[0] = '\0';
 	l->state = l->ctx != NULL ? LOCK_NOT_HELD : LOCK_UNAVAILABLE;
 	l->next_at = now_mono_ms();
 }

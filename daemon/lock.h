@@ -88,9 +88,11 @@ bool lock_held(const struct lock *);
  * holder's lock_held stays true for the rest of its validity.  False
  * when the lock is disabled. */
 bool lock_redis_up(const struct lock *);
-/* Gives the lock up: compare-and-delete if held, so another instance's
- * key is never deleted.  Logs the outcome; when Redis is down the key
- * simply expires after ttl.  A later lock_tick competes again. */
+/* Gives the lock up: compare-and-delete if held, or if it was lost
+ * while Redis did not answer (the key may have outlived that), so
+ * another instance's key is never deleted.  Logs the outcome; when
+ * Redis is down the key simply expires after ttl.  A later lock_tick
+ * competes again. */
 void lock_release(struct lock *);
 /* The last error ("connect 127.0.0.1:6379: Connection refused"), or ""
  * while all is well.  Never contains the password. */

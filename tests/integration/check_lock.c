@@ -937,22 +937,21 @@ START_TEST(test_hung_redis_never_blocks)
 }
 END_TEST
 
+enum { LONG_TTL_MS = 3000 };
+
 /*
- * Redis hangs past the holder's validity but not past the key's ttl:
- * the holder reports the loss, and when Redis answers again it finds
- * its own key and renews it.  Before, SET NX failed on that key and no
- * instance led until it expired.
+ * A lock on the private Redis with a 3 s ttl, held, then lost while
+ * Redis hangs (SIGSTOP) past its validity but not past the key's ttl;
+ * Redis answers again when this returns.  Its token goes to token.
  */
-START_TEST(test_key_outliving_an_outage_is_reclaimed)
+static struct lock *
+lose_while_redis_hangs(char *token, size_t size)
 {
-	enum { LONG_TTL_MS = 3000 };
 	static char host[160];
 	struct backoff_params quick;
 	struct lock_conf conf;
 	struct lock *a;
-	redisContext *c;
-	char token[64], val[64];
-	int64_t t0, resumed;
+	int64_t t0;
 
 	snprintf(host, sizeof(host), "unix:%s", priv.sock);
 	conf_init(&conf, host, 0);
@@ -963,7 +962,7 @@ START_TEST(test_key_outliving_an_outage_is_reclaimed)
 	quick.max_ms = 100;
 	lock_set_reconnect(a, &quick);
 	ck_assert_int_eq(lock_tick(a), LOCK_HELD);
-	snprintf(token, sizeof(token), "%s", lock_token(a));
+	snprintf(token, size, "%s", lock_token(a));
 	ck_assert_int_eq(kill(priv.pid, SIGSTOP), 0);
 	t0 = now_mono_ms();
 	while (lock_tick(a) != LOCK_UNAVAILABLE || lock_lost_count(a) == 0) {
@@ -973,13 +972,50 @@ START_TEST(test_key_outliving_an_outage_is_reclaimed)
 	}
 	report("lost while redis hung (ttl 3000)", now_mono_ms() - t0);
 	ck_assert_int_eq(kill(priv.pid, SIGCONT), 0);
-	resumed = now_mono_ms();
+	return a;
+}
+
+/*
+ * Redis hangs past the holder's validity but not past the key's ttl:
+ * the holder reports the loss, and when Redis answers again it finds
+ * its own key and renews it.  Before, SET NX failed on that key and no
+ * instance led until it expired.
+ */
+START_TEST(test_key_outliving_an_outage_is_reclaimed)
+{
+	redisContext *c;
+	char token[64], val[64];
+	struct lock *a = lose_while_redis_hangs(token, sizeof(token));
+	int64_t resumed = now_mono_ms();
+
 	ck_assert(tick_until(a, LOCK_HELD, LONG_TTL_MS));
 	report("reclaimed after redis resumed", now_mono_ms() - resumed);
 	ck_assert_str_eq(lock_token(a), token);
 	ck_assert_int_eq(lock_lost_count(a), 1);
 	c = priv_admin();
 	ck_assert_str_eq(admin_str(c, val, sizeof(val), "GET %s", key), token);
+	redisFree(c);
+	lock_free(a);
+}
+END_TEST
+
+/*
+ * The same loss, and the instance stops before it has reclaimed the
+ * key: the release deletes the key, which is still ours.  Before, only
+ * a lock held was released, and the next leader waited for the rest of
+ * the key's ttl.
+ */
+START_TEST(test_release_after_an_outage_deletes_the_key)
+{
+	redisContext *c;
+	char token[64], val[64];
+	struct lock *a = lose_while_redis_hangs(token, sizeof(token));
+
+	c = priv_admin();
+	ck_assert_str_eq(admin_str(c, val, sizeof(val), "GET %s", key), token);
+	ck_assert(!lock_held(a));
+	lock_release(a);
+	ck_assert_int_eq(admin_int(c, "EXISTS %s", key), 0);
 	redisFree(c);
 	lock_free(a);
 }
@@ -1036,6 +1072,7 @@ main(void)
 	tcase_add_test(priv_tc, test_requirepass);
 	tcase_add_test(priv_tc, test_hung_redis_never_blocks);
 	tcase_add_test(priv_tc, test_key_outliving_an_outage_is_reclaimed);
+	tcase_add_test(priv_tc, test_release_after_an_outage_deletes_the_key);
 	suite_add_tcase(s, priv_tc);
 
 	sr = srunner_create(s);
