@@ -1460,7 +1460,10 @@ write_marks_one_by_one(struct store *s, struct store_mark *marks, size_t n)
 
 	reserve_refusals(s, n);
 	PQclear(PQexec(s->conn, "ROLLBACK"));
-	if (exec_command(s, "BEGIN") == -1)
+	/* Deferred checks run at each mark, under its savepoint, where the
+	 * COMMIT could not say which row they refused. */
+	if (exec_command(s, "BEGIN") == -1 ||
+	    exec_command(s, "SET CONSTRAINTS ALL IMMEDIATE") == -1)
 		return -1;
 	if (relock_marked_rows(s, marks, n) == -1)
 		return -1;
@@ -1516,9 +1519,14 @@ store_finish(struct store *s, struct store_batch *batch,
 	if (write_marks(s, marks, n) == 0) {
 		release_batch(s, batch);
 		s->in_transaction = false;
-		return exec_command(s, "COMMIT");
-	}
-	if (!row_specific(s)) {
+		rc = exec_command(s, "COMMIT");
+		/* A deferred constraint, or a constraint trigger, checks at
+		 * COMMIT, which then rolls the marks back: for one row's
+		 * sake, the whole batch was sent again at every try. */
+		if (rc == 0 || !row_specific(s))
+			return rc;
+		s->in_transaction = true;
+	} else if (!row_specific(s)) {
 		store_abort(s, batch);
 		return -1;
 	}

@@ -752,16 +752,21 @@ START_TEST(test_message_that_breaks_connections)
 END_TEST
 
 /* A trigger that refuses to update the rows whose business_key starts
- * with 'refused' when `when` holds of NEW. */
+ * with 'refused' when `when` holds of NEW; when is NULL, only the
+ * trigger's function, for a test's own trigger. */
 static void
 refuse_marks(const char *when)
 {
 	/* One left by a failed test would refuse this one's rows. */
 	tl_sql(db, "DROP TRIGGER IF EXISTS badrows_refuse_mark ON "
 	    "t_transactional_message");
+	tl_sql(db, "DROP TRIGGER IF EXISTS badrows_refuse_at_commit ON "
+	    "t_transactional_message");
 	tl_sql(db, "CREATE OR REPLACE FUNCTION badrows_refuse_mark()"
 	    " RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
 	    " RAISE EXCEPTION 'badrows: mark refused'; END $$");
+	if (when == NULL)
+		return;
 	tl_sql(db, "CREATE TRIGGER badrows_refuse_mark BEFORE UPDATE ON"
 	    " t_transactional_message FOR EACH ROW WHEN"
 	    " (NEW.business_key LIKE 'refused%%' AND %s)"
@@ -771,7 +776,9 @@ refuse_marks(const char *when)
 static void
 allow_marks(void)
 {
-	tl_sql(db, "DROP TRIGGER badrows_refuse_mark ON "
+	tl_sql(db, "DROP TRIGGER IF EXISTS badrows_refuse_mark ON "
+	    "t_transactional_message");
+	tl_sql(db, "DROP TRIGGER IF EXISTS badrows_refuse_at_commit ON "
 	    "t_transactional_message");
 	tl_sql(db, "DROP FUNCTION badrows_refuse_mark()");
 }
@@ -809,6 +816,37 @@ START_TEST(test_mark_refused_for_one_row)
 	ck_assert_int_eq(assert_good_delivered(), 0);
 	ck_assert_int_eq(tl_file_lines(tl_outboxd_log(pid),
 	    "msg=\"message dead\"", "error=\"" REFUSED_SENT "\""), 6);
+	ck_assert_int_eq(tl_file_lines(tl_outboxd_log(pid),
+	    "msg=\"marking failed\"", NULL), 0);
+	allow_marks();
+	assert_still_serving(pid);
+}
+END_TEST
+
+/*
+ * The same refusal from a deferred constraint trigger, which checks at
+ * COMMIT.  The COMMIT rolled the batch's marks back, and the batch was
+ * published again at every paced retry, none marked.  Now the marks are
+ * written again row by row with the checks immediate, so the refused
+ * row is found and made DEAD, and the good rows are SUCCESS, received
+ * once.
+ */
+START_TEST(test_mark_refused_at_commit)
+{
+	pid_t pid;
+
+	refuse_marks(NULL);
+	tl_sql(db, "CREATE CONSTRAINT TRIGGER badrows_refuse_at_commit"
+	    " AFTER UPDATE ON t_transactional_message"
+	    " DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN"
+	    " (NEW.business_key = 'refused-at-commit' AND"
+	    " NEW.message_status = 1)"
+	    " EXECUTE FUNCTION badrows_refuse_mark()");
+	pid = start_with(BASE_YAML "relay.workers: 1\n", "SELECT "
+	    "outbox_enqueue('', '" GOOD "', 'x', "
+	    "business_key => 'refused-at-commit')");
+	assert_row("refused-at-commit", 3, 1, REFUSED_SENT);
+	ck_assert_int_eq(assert_good_delivered(), 0);
 	ck_assert_int_eq(tl_file_lines(tl_outboxd_log(pid),
 	    "msg=\"marking failed\"", NULL), 0);
 	allow_marks();
@@ -1125,6 +1163,7 @@ main(void)
 	tcase_add_test(tc, test_unknown_exchange_type);
 	tcase_add_test(tc, test_message_that_breaks_connections);
 	tcase_add_test(tc, test_mark_refused_for_one_row);
+	tcase_add_test(tc, test_mark_refused_at_commit);
 	tcase_add_test(tc, test_every_mark_refused_for_one_row);
 	tcase_add_test(tc, test_retry_counted_from_the_mark);
 	tcase_add_test(tc, test_all_bad_rows_at_once);
