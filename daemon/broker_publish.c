@@ -956,6 +956,13 @@ broker_await_batch(struct broker *b)
 			batch_blocked(bt);
 			return 0;
 		}
+		/* A round publishes anew and has its own time.  A pipelined
+		 * relay may come back to round 0 past the deadline (a slow
+		 * database), and the rest of the batch, sent again after a
+		 * channel close, found it gone: the connection was dropped
+		 * for confirms that could not have come yet. */
+		if (round > 0)
+			bt->deadline = now_mono_ms() + bk_confirm_ms(b);
 		if (round > 0 && (batch_prepare(bt) == -1 ||
 		    batch_send(bt) == -1))
 			goto fail;

@@ -751,6 +751,68 @@ START_TEST(test_message_that_breaks_connections)
 }
 END_TEST
 
+/*
+ * A pipelined relay sends a batch with a row for an exchange deleted
+ * since it was checked (outboxd remembers exchanges that exist), then
+ * marks the batch before, which a trigger makes slower than
+ * rabbitmq.confirm_timeout.  When it comes back to the batch, the
+ * broker has closed the channel at that row, and the rows after it are
+ * sent again.  They were given what was left of the batch's deadline,
+ * nothing: the connection was dropped ("confirms missing") and they
+ * were left unconfirmed.  Each round now has its own time.
+ */
+START_TEST(test_pipelined_batch_resent_after_a_slow_mark)
+{
+	struct tl_amqp *a = tl_amqp_open();
+	char sql[1024], ex[128];
+	pid_t pid;
+
+	snprintf(ex, sizeof(ex), "badrows.gone.%s", uniq);
+	tl_exchange(a, ex, "direct");
+	tl_sql(db, "CREATE OR REPLACE FUNCTION badrows_slow_mark()"
+	    " RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+	    " PERFORM pg_sleep(2.5); RETURN NEW; END $$");
+	tl_sql(db, "DROP TRIGGER IF EXISTS badrows_slow_mark ON "
+	    "t_transactional_message");
+	tl_sql(db, "CREATE TRIGGER badrows_slow_mark BEFORE UPDATE ON"
+	    " t_transactional_message FOR EACH ROW WHEN"
+	    " (NEW.business_key = 'slow-mark' AND NEW.message_status = 1)"
+	    " EXECUTE FUNCTION badrows_slow_mark()");
+	pid = tl_outboxd_start(BASE_YAML "relay.workers: 1\n"
+	    "relay.pipeline: true\nrelay.batch_size: 5\n"
+	    "rabbitmq.confirm_timeout: 1s\n");
+	/* Checked once (unroutable, but it exists), then deleted. */
+	tl_sql(db, "SELECT outbox_enqueue('%s', 'k', 'x', business_key => "
+	    "'warm', init_backoff => '1 hour')", ex);
+	assert_row("warm", 2, 1, "NO_ROUTE");
+	tl_exchange_delete(a, ex);
+	tl_amqp_close(a);
+	/* Batches of 5: the slow row in the first, the deleted exchange
+	 * in the middle of the second. */
+	snprintf(sql, sizeof(sql), "SELECT outbox_enqueue("
+	    "CASE WHEN g = 8 THEN '%s' ELSE '' END,"
+	    " CASE WHEN g = 8 THEN 'k' ELSE '" GOOD "' END, 'x' || g,"
+	    " business_module => CASE WHEN g = 8 THEN NULL ELSE 'good' END,"
+	    " business_key => CASE g WHEN 3 THEN 'slow-mark'"
+	    "  WHEN 8 THEN 'gone' END,"
+	    " init_backoff => '1 hour') FROM generate_series(1, 20) g", ex);
+	tl_sql(db, "%s", sql);
+	assert_row("gone", 2, 1, "NOT_FOUND");
+	/* The rows before it that the close left unconfirmed come twice
+	 * (at-least-once), as in test_unknown_exchange. */
+	fprintf(stderr, "badrows: gone: %lld duplicates among the good "
+	    "rows\n", assert_good_delivered());
+	ck_assert_int_eq(tl_file_lines(tl_outboxd_log(pid),
+	    "msg=\"broker connection lost\"", NULL), 0);
+	ck_assert_int_eq(tl_file_lines(tl_outboxd_log(pid),
+	    "msg=\"publish channel closed by the broker\"", NULL), 1);
+	tl_sql(db, "DROP TRIGGER badrows_slow_mark ON "
+	    "t_transactional_message");
+	tl_sql(db, "DROP FUNCTION badrows_slow_mark()");
+	assert_still_serving(pid);
+}
+END_TEST
+
 /* A trigger that refuses to update the rows whose business_key starts
  * with 'refused' when `when` holds of NEW; when is NULL, only the
  * trigger's function, for a test's own trigger. */
@@ -1164,6 +1226,7 @@ main(void)
 	tcase_add_test(tc, test_message_that_breaks_connections);
 	tcase_add_test(tc, test_mark_refused_for_one_row);
 	tcase_add_test(tc, test_mark_refused_at_commit);
+	tcase_add_test(tc, test_pipelined_batch_resent_after_a_slow_mark);
 	tcase_add_test(tc, test_every_mark_refused_for_one_row);
 	tcase_add_test(tc, test_retry_counted_from_the_mark);
 	tcase_add_test(tc, test_all_bad_rows_at_once);
