@@ -1110,14 +1110,17 @@ culprit_mark(struct loader *L, const char *section, const char *keys[2])
 
 /* Whether a conninfo may hold a password: a password keyword or
  * parameter (sslpassword too, or a name %-encoded in a URI), or a URI's
- * user:password@. */
+ * user:password@ -- wherever its "@" is: a "/" or "?" in the password
+ * ends the user part for libpq, which then quoted the rest of the
+ * password as a query parameter in its message. */
 static bool
 conninfo_may_hold_password(const char *s)
 {
 	const char *at;
 
 	return strstr(s, "password") != NULL || strchr(s, '%') != NULL ||
-	    conninfo_uri_password(s, &at) != NULL;
+	    conninfo_uri_password(s, &at) != NULL ||
+	    (conninfo_is_uri(s) && strchr(s, '@') != NULL);
 }
 
 /* Whether every entry of a port list ("5432", "5432,5433", "" for the

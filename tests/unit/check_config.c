@@ -425,6 +425,11 @@ static const struct value_case {
 	    "!" CONNINFO_HIDDEN },
 	{ "postgres.conninfo", "\"postgresql://u:" SECRET "@h?junk\"",
 	    "!" CONNINFO_HIDDEN },
+	/* A "/" or "?" in the password: libpq quoted its rest. */
+	{ "postgres.conninfo", "\"postgresql://u:Xy7/Qz?" SECRET "@h/db\"",
+	    "!" CONNINFO_HIDDEN },
+	{ "postgres.conninfo", "\"postgresql://u:Xy7?Qz/" SECRET "@h/db\"",
+	    "!" CONNINFO_HIDDEN },
 	/* A "/" in a URI's password ends libpq's user info: the password
 	 * would read as host, port and database, unredacted. */
 	{ "postgres.conninfo", "\"postgresql://app:Xy7/" SECRET "@db:5432/x\"",
