@@ -633,28 +633,35 @@ side_settle(struct relay *r, struct side *x, int broker_rc)
  * rows it made DEAD instead are counted as such, with the refusal as
  * their error; a row whose every mark was refused stays due, and the
  * next cycle waits like a failed one, or it would be sent again at once.
+ * The batch is one failed cycle, however many rows stayed: the pacing
+ * was stepped once per row, and 9 such rows made the first wait 15 s.
  * Returns how many rows stayed due.
  */
 static size_t
 refused_marks(struct relay *r, struct side *x, size_t n)
 {
 	size_t left = 0;
+	int64_t wait;
 
 	for (size_t i = 0; i < n; i++) {
-		struct store_mark *m = &x->marks[i];
-
-		if (m->refused == NULL)
+		if (x->marks[i].refused == NULL)
 			continue;
 		x->why[i] = METRICS_FAIL_MARK_REFUSED;
-		if (m->kind != MARK_RELEASE)
+		left += x->marks[i].kind == MARK_RELEASE;
+	}
+	if (left == 0)
+		return 0;
+	wait = cycle_failed(r, NULL);
+	for (size_t i = 0; i < n; i++) {
+		const struct store_mark *m = &x->marks[i];
+
+		if (m->refused == NULL || m->kind != MARK_RELEASE)
 			continue;
-		left++;
 		r->stats.released++;
 		metrics_inc_released(1);
 		log_event_limited(&r->cycle_log, LOG_ERROR, "marking failed",
 		    "id=%" PRId64 " retry_in_ms=%" PRId64 " error=%s", m->id,
-		    cycle_failed(r, NULL), log_quote((char[600]){ 0 }, 600,
-		    m->refused));
+		    wait, log_quote((char[600]){ 0 }, 600, m->refused));
 	}
 	return left;
 }
@@ -800,7 +807,10 @@ relay_pipeline(struct relay *r, int64_t until_ms, bool *backlog,
 		 * more is due: the caller goes on at once.
 		 */
 		more = rc == 0 && full;
+		/* Paced (a mark refused, rows left due): the next claim
+		 * waits too, or the run sent those rows again at once. */
 		if (more && now_mono_ms() < until_ms &&
+		    now_mono_ms() >= r->cycle_retry_at &&
 		    broker_blocked_ms(r->broker) == 0) {
 			n = side_claim(r, next, PIPELINE_LOCK_WAIT_MS);
 			*claimed = n > 0 ? (size_t)n : 0;

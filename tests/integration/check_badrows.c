@@ -5,6 +5,7 @@
  */
 #include <check.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -885,6 +886,77 @@ START_TEST(test_mark_refused_for_one_row)
 }
 END_TEST
 
+/* retry_in_ms of the first n "marking failed" lines of a row, in
+ * out[n]; returns how many were found. */
+static int
+marking_failed_waits(const char *log, long long *out, int n)
+{
+	FILE *f = fopen(log, "r");
+	char line[8192];
+	const char *p;
+	int k = 0;
+
+	ck_assert_ptr_nonnull(f);
+	while (k < n && fgets(line, sizeof(line), f) != NULL) {
+		if (strstr(line, "msg=\"marking failed\" id=") == NULL ||
+		    (p = strstr(line, "retry_in_ms=")) == NULL)
+			continue;
+		out[k++] = strtoll(p + strlen("retry_in_ms="), NULL, 10);
+	}
+	fclose(f);
+	return k;
+}
+
+/*
+ * Five rows whose every mark is refused fill a batch.  The batch is one
+ * failed cycle: its five lines give one wait.  Before, the pacing was
+ * stepped once per row (100, 200, 400 ms, ...), so that nine such rows
+ * made the first wait 15 s.  The rows come round at the pacing: their
+ * fourth copy takes at least the first three waits (50-100, 100-200,
+ * 200-400 ms with equal jitter), pipelined too (a pipelined run no
+ * longer claims while the cycle is paced).
+ */
+START_TEST(test_refused_marks_paced_once_per_batch)
+{
+	long long waits[5], first;
+	int64_t t0, took;
+	struct tl_msg m;
+	const char *log;
+	pid_t pid;
+
+	refuse_marks("true");
+	pid = start_with(BASE_YAML "relay.workers: 1\nrelay.batch_size: 5\n",
+	    "SELECT outbox_enqueue('', '" GOOD "', 'x', business_key => "
+	    "'refused-' || g) FROM generate_series(1, 5) g");
+	log = tl_outboxd_log(pid);
+	first = tl_sql_int(db, "SELECT id FROM t_transactional_message "
+	    "WHERE business_key = 'refused-1'");
+	for (int64_t until = tl_ms() + 20000; tl_ms() < until &&
+	    marking_failed_waits(log, waits, 5) < 5;)
+		usleep(20000);
+	t0 = tl_ms();
+	ck_assert_int_eq(marking_failed_waits(log, waits, 5), 5);
+	for (int i = 1; i < 5; i++)
+		ck_assert_msg(waits[i] == waits[0], "one batch, waits %lld "
+		    "and %lld", waits[0], waits[i]);
+	while (times_received(first) < 4 && tl_ms() - t0 < 20000) {
+		if (tl_next(amqp, 200, &m)) {
+			record(m.message_id);
+			tl_msg_free(&m);
+		}
+	}
+	took = tl_ms() - t0;
+	ck_assert_uint_ge(times_received(first), 4);
+	fprintf(stderr, "badrows: refused-1 sent 4 times in %" PRId64
+	    " ms after its first batch\n", took);
+	ck_assert_int_ge(took, 250);
+	allow_marks();
+	assert_row("refused-1", 1, 0, NULL);
+	assert_good_delivered();
+	assert_still_serving(pid);
+}
+END_TEST
+
 /*
  * The same refusal from a deferred constraint trigger, which checks at
  * COMMIT.  The COMMIT rolled the batch's marks back, and the batch was
@@ -1226,6 +1298,7 @@ main(void)
 	tcase_add_test(tc, test_message_that_breaks_connections);
 	tcase_add_test(tc, test_mark_refused_for_one_row);
 	tcase_add_test(tc, test_mark_refused_at_commit);
+	tcase_add_test(tc, test_refused_marks_paced_once_per_batch);
 	tcase_add_test(tc, test_pipelined_batch_resent_after_a_slow_mark);
 	tcase_add_test(tc, test_every_mark_refused_for_one_row);
 	tcase_add_test(tc, test_retry_counted_from_the_mark);
