@@ -47,6 +47,7 @@ struct leader {
 	 * retried every poll interval (10 ms at the least). */
 	struct log_limit compensation_log, advisory_log;
 	struct log_limit purge_log;	/* tried once a purge interval */
+	struct log_limit sweep_log;
 	struct leader_gauges gauges;
 };
 
@@ -298,10 +299,21 @@ compensate(struct leader *l)
 {
 	int64_t n, purged = 0, started = now_mono_ms();
 
-	if (store_sweep_exhausted(l->store, &n) == -1)
-		goto fail;
-	if (n > 0)
-		log_warn("rows out of retries marked dead", "rows=%" PRId64, n);
+	/* A sweep refused on a live session (a trigger that refuses one
+	 * of the rows) is logged, and the counts are still taken: before,
+	 * it failed every compensation, and the row gauges froze. */
+	if (store_sweep_exhausted(l->store, &n) == -1) {
+		if (!store_connected(l->store))
+			goto fail;
+		log_event_limited(&l->sweep_log, LOG_WARN,
+		    "rows out of retries not marked dead", "error=%s",
+		    log_quote((char[600]){ 0 }, 600, store_error(l->store)));
+	} else {
+		log_limit_reset(&l->sweep_log);
+		if (n > 0)
+			log_warn("rows out of retries marked dead", "rows=%"
+			    PRId64, n);
+	}
 	if (l->conf.retention_ms > 0 && now_mono_ms() >= l->next_purge_ms)
 		purged = purge_sent(l);
 	if (store_counts(l->store, false, &l->gauges.counts) == -1)

@@ -2410,9 +2410,9 @@ END_TEST
 
 /*
  * The leader's compensation retries every poll interval (10 ms at the
- * least): one that keeps failing (here a trigger refuses the sweep that
- * marks exhausted rows dead) is logged in a burst, then once a second.
- * The old code wrote a line at every try.
+ * least): a part that keeps failing (here a trigger refuses the sweep
+ * that marks exhausted rows dead) is logged in a burst, then once a
+ * second.  The old code wrote a line at every try.
  */
 START_TEST(test_failing_compensation_lines_are_limited)
 {
@@ -2432,7 +2432,7 @@ START_TEST(test_failing_compensation_lines_are_limited)
 	pid = start_with_queue(NULL, "relay.poll_interval: 10ms\n"
 	    "redis.key: \"dmn:leader:sweepfail\"\n");
 	log = log_of(pid);
-	assert_lines_limited(log, "compensation failed");
+	assert_lines_limited(log, "rows out of retries not marked dead");
 	ck_assert_int_ge(log_count(log, "dmn: sweep refused"), 12);
 
 	/* The fault ends: the row goes dead at the next try. */
@@ -2836,6 +2836,46 @@ START_TEST(test_least_privileged_role)
 }
 END_TEST
 
+/*
+ * A row out of retries that a trigger will not let be made DEAD: the
+ * sweep is refused, said so, and the counts are still taken.  Before,
+ * the refused sweep failed every compensation, and the row gauges were
+ * never set (outboxd_rows_dead read 0 with a dead row in the table).
+ */
+START_TEST(test_refused_sweep_keeps_the_gauges)
+{
+	char yaml[512], *log;
+	pid_t pid;
+
+	tl_sql(db, "CREATE OR REPLACE FUNCTION dmn_refuse_stuck() RETURNS "
+	    "trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION "
+	    "'dmn: sweep refused'; END $$");
+	tl_sql(db, "DROP TRIGGER IF EXISTS dmn_refuse_stuck ON "
+	    "t_transactional_message");
+	tl_sql(db, "CREATE TRIGGER dmn_refuse_stuck BEFORE UPDATE ON "
+	    "t_transactional_message FOR EACH ROW WHEN (NEW.business_key = "
+	    "'stuck' AND NEW.message_status = 3) EXECUTE FUNCTION "
+	    "dmn_refuse_stuck()");
+	tl_sql(db, "INSERT INTO t_transactional_message (message_status, "
+	    "current_retry_times, max_retry_times, business_key) VALUES "
+	    "(2, 5, 5, 'stuck'), (3, 5, 5, 'dead')");
+	snprintf(yaml, sizeof(yaml), "redis.key: \"dmn:leader:sweep\"\n"
+	    "http.listen: \"127.0.0.1:%d\"\n", http_port());
+	pid = start_ready("dmn.sweep", yaml, &log);
+	ck_assert_msg(wait_log(log, "msg=\"rows out of retries not marked "
+	    "dead\" error=", 1, 20000), "log %s", log);
+	ck_assert_double_eq(wait_metric("outboxd_rows_dead", 1, 20000), 1);
+	enqueue("dmn.sweep", 3);
+	ck_assert_int_eq(tl_wait_sql_int(db, 3, 20000, COUNT_STATUS(1)), 3);
+	ck_assert_int_eq(log_count(log, "msg=\"compensation failed\""), 0);
+	ck_assert_int_eq(tl_outboxd_stop(pid, 25000), 0);
+	tl_sql(db, "DROP TRIGGER dmn_refuse_stuck ON t_transactional_message");
+	tl_sql(db, "DROP FUNCTION dmn_refuse_stuck()");
+	check_logfmt(log);
+	free(log);
+}
+END_TEST
+
 /* --- logs ---------------------------------------------------------------- */
 
 /* How many connections the broker has registered for user. */
@@ -3060,6 +3100,7 @@ main(void)
 	tcase_add_test(tc, test_secrets_never_logged);
 	tcase_add_test(tc, test_password_files_read_at_each_connect);
 	tcase_add_test(tc, test_least_privileged_role);
+	tcase_add_test(tc, test_refused_sweep_keeps_the_gauges);
 	tcase_add_test(tc, test_worker_without_connection);
 	tcase_add_test(tc, test_user_without_the_default_exchange);
 	tcase_add_test(tc, test_log_lines_are_logfmt);
