@@ -7,6 +7,7 @@
  */
 #include "cli.h"
 
+#include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <limits.h>
@@ -88,14 +89,19 @@ print_dead(const struct dead_row *d, void *arg)
 	put_field(d->last_error, '\n');
 }
 
+/* Digits only: strtol also took " 7" and "+7", and clamped an id too
+ * large for a long to LONG_MAX. */
 static int
 parse_int(const char *s, long min, long max, long *out)
 {
 	char *end;
 	long v;
 
+	if (*s < '0' || *s > '9')
+		return -1;
+	errno = 0;
 	v = strtol(s, &end, 10);
-	if (*s == '\0' || *end != '\0' || v < min || v > max)
+	if (errno != 0 || *end != '\0' || v < min || v > max)
 		return -1;
 	*out = v;
 	return 0;
@@ -117,22 +123,32 @@ filter_given(const struct dead_filter *f)
 	    f->error != NULL;
 }
 
-/* Takes a filter option into f; false when opt is not one. */
-static bool
+/* Takes a filter option into f: 1, or 0 when opt is not one, or -1
+ * (said on stderr) for a value that would pick more than was meant: an
+ * empty --error is a part of every last_error, and a value that is an
+ * option ("--exchange --all") is a slip of the command line. */
+static int
 take_filter_option(int opt, const char *arg, struct dead_filter *f)
 {
-	switch (opt) {
-	case 'x':
-		f->exchange = arg;
-		return true;
-	case 'k':
-		f->routing_key = arg;
-		return true;
-	case 'e':
-		f->error = arg;
-		return true;
+	if (opt != 'x' && opt != 'k' && opt != 'e')
+		return 0;
+	if (strncmp(arg, "--", 2) == 0) {
+		fprintf(stderr, "outboxd: '%s' is an option, not the value of "
+		    "the one before it\n", arg);
+		return -1;
 	}
-	return false;
+	if (opt == 'e' && *arg == '\0') {
+		fputs("outboxd: --error needs some text: an empty one is in "
+		    "every last_error\n", stderr);
+		return -1;
+	}
+	if (opt == 'x')
+		f->exchange = arg;
+	else if (opt == 'k')
+		f->routing_key = arg;
+	else
+		f->error = arg;
+	return 1;
 }
 
 static int
@@ -147,11 +163,13 @@ cmd_dead(struct store *s, int argc, char **argv)
 	    DEAD_FILTER_USAGE "\n";
 	struct dead_filter filter = { NULL, NULL, NULL };
 	long limit = 100;
-	int opt;
+	int opt, taken;
 
 	optind = 1;
 	while ((opt = getopt_long(argc, argv, "l:", opts, NULL)) != -1) {
-		if (take_filter_option(opt, optarg, &filter))
+		if ((taken = take_filter_option(opt, optarg, &filter)) == -1)
+			return EXIT_USAGE;
+		if (taken == 1)
 			continue;
 		if (opt != 'l' || parse_int(optarg, 1, 100000, &limit) == -1) {
 			fputs(usage, stderr);
@@ -191,11 +209,13 @@ cmd_replay(struct store *s, int argc, char **argv)
 	bool all = false;
 	int64_t n;
 	long id = 0;
-	int opt;
+	int opt, taken;
 
 	optind = 1;
 	while ((opt = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-		if (take_filter_option(opt, optarg, &filter))
+		if ((taken = take_filter_option(opt, optarg, &filter)) == -1)
+			return EXIT_USAGE;
+		if (taken == 1)
 			continue;
 		if (opt == 'a')
 			all = true;
@@ -231,10 +251,13 @@ cmd_purge(struct store *s, int argc, char **argv)
 
 	/* A unit is required, as in the config: a bare 30 read as 30 ms
 	 * would purge every sent row. */
+	/* At most relay.retention's 3650d: PostgreSQL refused an age far
+	 * beyond it (out of range), which made a usage slip exit 1. */
 	if (argc != 3 || strcmp(argv[1], "--older-than") != 0 ||
-	    config_parse_duration(argv[2], &age) != 0) {
+	    config_parse_duration(argv[2], &age) != 0 ||
+	    age > (int64_t)3650 * 86400000) {
 		fprintf(stderr, "usage: outboxd purge --older-than DURATION "
-		    "(with a unit: 7d, 12h, 30m)\n");
+		    "(with a unit: 7d, 12h, 30m; at most 3650d)\n");
 		return EXIT_USAGE;
 	}
 	if (s == NULL)

@@ -527,6 +527,16 @@ main(int argc, char **argv)
 			argc = optind + left;
 		}
 	}
+	/* These take nothing after them: `check other.yml` checked the
+	 * default file and said "configuration OK" of it. */
+	if (argc - optind > 1 && (strcmp(command, "help") == 0 ||
+	    strcmp(command, "version") == 0 || strcmp(command, "check") == 0 ||
+	    strcmp(command, "config") == 0 || strcmp(command, "run") == 0)) {
+		fprintf(stderr, "outboxd: '%s' takes no arguments (got '%s'); "
+		    "give the config file with -c FILE\n", command,
+		    argv[optind + 1]);
+		return 2;
+	}
 	if (strcmp(command, "help") == 0) {
 		usage(stdout);
 		return 0;

@@ -1459,6 +1459,34 @@ START_TEST(test_check_config_and_usage)
 	    good, "dead", "5", NULL), 2);
 	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
 	    good, "status", "extra", NULL), 2);
+	/* A file after check is not the one checked: before, the default
+	 * file was, and "configuration OK" said so of the wrong one. */
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    good, "check", bad, NULL), 2);
+	ck_assert_msg(strstr(err, "'check' takes no arguments") != NULL &&
+	    strstr(out, "configuration OK") == NULL, "out: %s err: %s", out,
+	    err);
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    good, "config", "extra", NULL), 2);
+	/* Ids are digits; more than a row id can hold is not clamped. */
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    good, "replay", "+7", NULL), 2);
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    good, "replay", " 7", NULL), 2);
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    good, "replay", "99999999999999999999", NULL), 2);
+	/* Filters that would pick more than meant: an empty --error is in
+	 * every last_error (it replayed them all), an option as a value. */
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    good, "replay", "--error=", NULL), 2);
+	ck_assert_msg(strstr(err, "--error needs some text") != NULL,
+	    "err: %s", err);
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    good, "dead", "--error", "", NULL), 2);
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    good, "replay", "--exchange", "--all", NULL), 2);
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    good, "purge", "--older-than", "200000000d", NULL), 2);
 	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
 	    good, "-h", NULL), 0);
 	ck_assert_msg(strstr(out, "usage:") != NULL, "out: %s", out);
