@@ -250,12 +250,12 @@ cmd_purge(struct store *s, int argc, char **argv)
 	int64_t age, n, total = 0;
 
 	/* A unit is required, as in the config: a bare 30 read as 30 ms
-	 * would purge every sent row. */
-	/* At most relay.retention's 3650d: PostgreSQL refused an age far
-	 * beyond it (out of range), which made a usage slip exit 1. */
+	 * would purge every sent row.  At most relay.retention's longest:
+	 * PostgreSQL refused an age far beyond it (out of range), which
+	 * made a usage slip exit 1. */
 	if (argc != 3 || strcmp(argv[1], "--older-than") != 0 ||
 	    config_parse_duration(argv[2], &age) != 0 ||
-	    age > (int64_t)3650 * 86400000) {
+	    age > CONFIG_RETENTION_MAX_MS) {
 		fprintf(stderr, "usage: outboxd purge --older-than DURATION "
 		    "(with a unit: 7d, 12h, 30m; at most 3650d)\n");
 		return EXIT_USAGE;

@@ -174,7 +174,7 @@ const struct key cfg_keys[] = {
 	  .names = orderings },
 	{ .name = "relay.retention", .type = T_DURATION, .flags = F_RELOAD,
 	  .off = OFF(relay.retention_ms), .def = "7d", .min = 0,
-	  .max = DAY(3650) },
+	  .max = CONFIG_RETENTION_MAX_MS },
 
 	{ .name = "backoff.strategy", .type = T_ENUM, .flags = F_RELOAD,
 	  .off = OFF(relay.backoff.strategy), .def = "exponential",

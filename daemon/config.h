@@ -18,6 +18,9 @@
 #include "store.h"
 #include "util.h"
 
+/* The longest relay.retention, and `outboxd purge --older-than`. */
+#define CONFIG_RETENTION_MAX_MS ((int64_t)3650 * 86400000)
+
 /* Where a password came from, so that dump and reload can say so.  These
  * are a variable name and a path, never the secret itself. */
 struct config_secret_src {
