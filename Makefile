@@ -165,7 +165,7 @@ asan:
 
 # outboxd itself under valgrind memcheck (uninitialised reads, which ASan
 # does not see, and definite leaks) in the suites that drive it hardest:
-# the relay, bad rows and the daemon's signals and reloads.  About four
+# the relay, bad rows and the daemon's signals and reloads.  About six
 # minutes on two cores; not run by CI.
 VG_INTEG := $(B)/tests/integration/check_relay \
 	$(B)/tests/integration/check_badrows $(B)/tests/integration/check_daemon
