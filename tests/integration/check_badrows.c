@@ -889,7 +889,8 @@ START_TEST(test_mark_refused_for_one_row)
 END_TEST
 
 /* retry_in_ms of the first n "marking failed" lines of a row, in
- * out[n]; returns how many were found. */
+ * out[n]; returns how many were found (none while outboxd has not made
+ * its log yet). */
 static int
 marking_failed_waits(const char *log, long long *out, int n)
 {
@@ -898,7 +899,8 @@ marking_failed_waits(const char *log, long long *out, int n)
 	const char *p;
 	int k = 0;
 
-	ck_assert_ptr_nonnull(f);
+	if (f == NULL)
+		return 0;
 	while (k < n && fgets(line, sizeof(line), f) != NULL) {
 		if (strstr(line, "msg=\"marking failed\" id=") == NULL ||
 		    (p = strstr(line, "retry_in_ms=")) == NULL)
