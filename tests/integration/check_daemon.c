@@ -2436,6 +2436,30 @@ START_TEST(test_repeated_fault_lines_are_limited)
 }
 END_TEST
 
+/* A trigger that refuses to make DEAD the rows for which `rows` holds
+ * (an SQL condition on NEW): the leader's sweep of exhausted rows is
+ * refused, with "dmn: sweep refused". */
+static void
+refuse_sweep(const char *rows)
+{
+	tl_sql(db, "CREATE OR REPLACE FUNCTION dmn_refuse_sweep()"
+	    " RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+	    " RAISE EXCEPTION 'dmn: sweep refused'; END $$");
+	tl_sql(db, "DROP TRIGGER IF EXISTS dmn_refuse_sweep ON "
+	    "t_transactional_message");
+	tl_sql(db, "CREATE TRIGGER dmn_refuse_sweep BEFORE UPDATE ON"
+	    " t_transactional_message FOR EACH ROW WHEN"
+	    " (NEW.message_status = 3 AND %s)"
+	    " EXECUTE FUNCTION dmn_refuse_sweep()", rows);
+}
+
+static void
+allow_sweep(void)
+{
+	tl_sql(db, "DROP TRIGGER dmn_refuse_sweep ON t_transactional_message");
+	tl_sql(db, "DROP FUNCTION dmn_refuse_sweep()");
+}
+
 /*
  * The leader's compensation retries every poll interval (10 ms at the
  * least): a part that keeps failing (here a trigger refuses the sweep
@@ -2447,13 +2471,7 @@ START_TEST(test_failing_compensation_lines_are_limited)
 	char *log;
 	pid_t pid;
 
-	tl_sql(db, "CREATE OR REPLACE FUNCTION dmn_refuse_sweep()"
-	    " RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
-	    " RAISE EXCEPTION 'dmn: sweep refused'; END $$");
-	tl_sql(db, "CREATE TRIGGER dmn_refuse_sweep BEFORE UPDATE ON"
-	    " t_transactional_message FOR EACH ROW WHEN"
-	    " (NEW.message_status = 3 AND NEW.routing_key = 'dmn.sweepfail')"
-	    " EXECUTE FUNCTION dmn_refuse_sweep()");
+	refuse_sweep("NEW.routing_key = 'dmn.sweepfail'");
 	tl_sql(db, "INSERT INTO t_transactional_message (queue_name,"
 	    " routing_key, message_status, current_retry_times,"
 	    " max_retry_times) VALUES ('', 'dmn.sweepfail', 2, 3, 2)");
@@ -2464,8 +2482,7 @@ START_TEST(test_failing_compensation_lines_are_limited)
 	ck_assert_int_ge(log_count(log, "dmn: sweep refused"), 12);
 
 	/* The fault ends: the row goes dead at the next try. */
-	tl_sql(db, "DROP TRIGGER dmn_refuse_sweep ON t_transactional_message");
-	tl_sql(db, "DROP FUNCTION dmn_refuse_sweep()");
+	allow_sweep();
 	ck_assert_int_eq(tl_wait_sql_int(db, 1, 10000, COUNT_STATUS(3)
 	    " AND routing_key = 'dmn.sweepfail'"), 1);
 	ck_assert_int_eq(tl_outboxd_stop(pid, 25000), 0);
@@ -2875,15 +2892,7 @@ START_TEST(test_refused_sweep_keeps_the_gauges)
 	char yaml[512], *log;
 	pid_t pid;
 
-	tl_sql(db, "CREATE OR REPLACE FUNCTION dmn_refuse_stuck() RETURNS "
-	    "trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION "
-	    "'dmn: sweep refused'; END $$");
-	tl_sql(db, "DROP TRIGGER IF EXISTS dmn_refuse_stuck ON "
-	    "t_transactional_message");
-	tl_sql(db, "CREATE TRIGGER dmn_refuse_stuck BEFORE UPDATE ON "
-	    "t_transactional_message FOR EACH ROW WHEN (NEW.business_key = "
-	    "'stuck' AND NEW.message_status = 3) EXECUTE FUNCTION "
-	    "dmn_refuse_stuck()");
+	refuse_sweep("NEW.business_key = 'stuck'");
 	tl_sql(db, "INSERT INTO t_transactional_message (message_status, "
 	    "current_retry_times, max_retry_times, business_key) VALUES "
 	    "(2, 5, 5, 'stuck'), (3, 5, 5, 'dead')");
@@ -2897,8 +2906,7 @@ START_TEST(test_refused_sweep_keeps_the_gauges)
 	ck_assert_int_eq(tl_wait_sql_int(db, 3, 20000, COUNT_STATUS(1)), 3);
 	ck_assert_int_eq(log_count(log, "msg=\"compensation failed\""), 0);
 	ck_assert_int_eq(tl_outboxd_stop(pid, 25000), 0);
-	tl_sql(db, "DROP TRIGGER dmn_refuse_stuck ON t_transactional_message");
-	tl_sql(db, "DROP FUNCTION dmn_refuse_stuck()");
+	allow_sweep();
 	check_logfmt(log);
 	free(log);
 }
