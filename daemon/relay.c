@@ -916,7 +916,9 @@ ensure_broker(struct relay *r)
 }
 
 /* Sleeps timeout_ms, or less when a signal comes or the wake fd is
- * readable. */
+ * readable.  The main relay has no wake fd: poll() skips the -1, and a
+ * SIGTERM still cuts the wait short (a sleep that resumed after EINTR
+ * held every stop with a server down for up to a second). */
 static void
 nap(struct relay *r, int64_t timeout_ms)
 {
@@ -924,10 +926,6 @@ nap(struct relay *r, int64_t timeout_ms)
 
 	if (timeout_ms <= 0)
 		return;
-	if (r->wake_fd < 0) {
-		sleep_ms(timeout_ms, NULL);
-		return;
-	}
 	if (poll(&pfd, 1, (int)timeout_ms) == -1 && errno != EINTR)
 		log_warn("poll failed", "error=%s", strerror(errno));
 }

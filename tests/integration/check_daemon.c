@@ -2554,6 +2554,38 @@ START_TEST(test_signals_reach_the_main_thread)
 }
 END_TEST
 
+/*
+ * A stop while PostgreSQL cannot be reached: the wait for the next
+ * connect attempt ends at the signal.  It used to run out first: sent
+ * right after an attempt, a SIGTERM took about 970 ms here.
+ */
+START_TEST(test_stop_while_postgres_is_unreachable)
+{
+	char yaml[512], *log;
+	int64_t t0, took;
+	pid_t pid;
+
+	snprintf(yaml, sizeof(yaml), "postgres.conninfo: \"host=127.0.0.1 "
+	    "port=%d dbname=outbox connect_timeout=2\"\n"
+	    "reconnect.init: 10s\nreconnect.max: 10s\n"
+	    "reconnect.jitter: none\nredis.key: \"dmn:leader:napping\"\n",
+	    tl_free_port());
+	pid = start_with_queue(NULL, yaml);
+	log = log_of(pid);
+	/* Just failed its first attempt: the next is 10 s away. */
+	ck_assert(wait_log(log, "msg=\"postgres unavailable\"", 1, 20000));
+	t0 = tl_ms();
+	kill(pid, SIGTERM);
+	ck_assert_int_eq(tl_outboxd_wait(pid, 15000), 0);
+	took = tl_ms() - t0;
+	fprintf(stderr, "stop with postgres unreachable: %lld ms\n",
+	    (long long)took);
+	ck_assert_int_lt(took, 500);
+	ck_assert_int_eq(log_count(log, "msg=\"outboxd stopped\""), 1);
+	free(log);
+}
+END_TEST
+
 /* --- secrets ------------------------------------------------------------- */
 
 #define PG_SECRET "Pg-S3cret-dmn-4711"
@@ -3123,6 +3155,7 @@ main(void)
 	tcase_add_test(tc, test_repeated_fault_lines_are_limited);
 	tcase_add_test(tc, test_failing_compensation_lines_are_limited);
 	tcase_add_test(tc, test_signals_reach_the_main_thread);
+	tcase_add_test(tc, test_stop_while_postgres_is_unreachable);
 	tcase_add_test(tc, test_health_reports_a_stall);
 	tcase_add_test(tc, test_lock_timeout_bounds_the_claim);
 	tcase_add_test(tc, test_prepare_cut_short_by_a_lock);
