@@ -392,6 +392,17 @@ run_daemon(struct config *cfg)
 	    "workers=%d", OUTBOXD_VERSION,
 	    log_quote((char[600]){ 0 }, 600, cfg->path), cfg->relay.mode ==
 	    RELAY_PARALLEL ? "parallel" : "single-active", cfg->relay.workers);
+	/* The loop pings only between steps: a step its timeouts allow,
+	 * longer than WatchdogSec=, gets a healthy daemon killed (the unit
+	 * once had 30 s, and the defaults allow 32). */
+	if (watchdog_us > 0 && (int64_t)(watchdog_us / 1000) <=
+	    d.stall_limit_ms)
+		log_warn("systemd watchdog shorter than outboxd's longest "
+		    "step", "watchdog_ms=%" PRId64 " longest_step_ms=%" PRId64
+		    " hint=\"set WatchdogSec= to more than %" PRId64 "s, or "
+		    "lower rabbitmq.confirm_timeout or the connect "
+		    "timeouts\"", (int64_t)(watchdog_us / 1000),
+		    d.stall_limit_ms, d.stall_limit_ms / 1000);
 	while (!stop_requested) {
 		if (reload_requested) {
 			reload_requested = 0;

@@ -2256,6 +2256,11 @@ START_TEST(test_systemd_notifications)
 
 	ck_assert_msg(read_notices(&n, "READY=1", 30000), "no READY=1");
 	ck_assert(wait_log(log, "msg=\"outboxd ready\"", 1, 10000));
+	/* 4 s is shorter than a batch may take: systemd would kill a
+	 * daemon that is only slow, and outboxd says so. */
+	ck_assert_int_eq(log_count(log, "msg=\"systemd watchdog shorter than "
+	    "outboxd's longest step\" watchdog_ms=4000 "
+	    "longest_step_ms=32000"), 1);
 	/* What `systemctl status` shows. */
 	ck_assert_str_eq(n.status, "relaying");
 	/* Two periods: four pings or more, never a period apart. */
