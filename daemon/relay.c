@@ -693,7 +693,12 @@ side_mark(struct relay *r, struct side *x)
 	r->stats.last_batch_us = now_mono_us() - x->claimed_us;
 	r->stats.last_confirm_us = x->confirmed_us - x->published_us;
 	metrics_observe_batch((double)r->stats.last_batch_us / 1e6);
-	metrics_observe_confirm((double)r->stats.last_confirm_us / 1e6);
+	/* The broker's share, when it had one: a batch of rows that could
+	 * not be published, or whose connection was lost, filed a time
+	 * near 0 s and dragged the quantiles down. */
+	if (x->nmsg > 0 && x->broker_rc == 0)
+		metrics_observe_confirm((double)r->stats.last_confirm_us /
+		    1e6);
 	if (x->broker_rc == 0)
 		r->stats.last_progress_ms = now_mono_ms();
 	log_debug("batch done", "rows=%zu published=%zu batch_us=%" PRId64,

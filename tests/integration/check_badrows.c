@@ -275,6 +275,35 @@ START_TEST(test_no_content_row)
 END_TEST
 
 /*
+ * A batch of which nothing could be published has no confirm time: it
+ * is a batch, not a broker figure.  Each one used to file about 0 s
+ * under outboxd_confirm_duration_seconds, so a backlog of bad rows
+ * dragged the broker's quantiles towards 0.
+ */
+START_TEST(test_unpublished_batch_times_no_confirm)
+{
+	char yaml[128], body[65536];
+	int port = tl_free_port();
+	pid_t pid;
+
+	snprintf(yaml, sizeof(yaml), BASE_YAML "http.listen: "
+	    "\"127.0.0.1:%d\"\n", port);
+	tl_sql(db, "INSERT INTO t_transactional_message (queue_name, "
+	    "business_key, max_retry_times, init_backoff) VALUES ('" GOOD
+	    "', 'unpublished', 1, '1 second')");
+	pid = tl_outboxd_start(yaml);
+	assert_row("unpublished", 3, 1, "no content row");
+	ck_assert_int_eq(tl_http_get(port, "/metrics", body, sizeof(body)),
+	    200);
+	ck_assert(tl_metric(body, "outboxd_batch_duration_seconds_count") >=
+	    1);
+	ck_assert(tl_metric(body, "outboxd_confirm_duration_seconds_count") ==
+	    0);
+	assert_still_serving(pid);
+}
+END_TEST
+
+/*
  * No route at all: the default exchange with neither routing_key nor
  * queue_name.  No queue is named "", so this can never be delivered:
  * permanent, DEAD at once.
@@ -1284,6 +1313,7 @@ main(void)
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_set_timeout(tc, 300);
 	tcase_add_test(tc, test_no_content_row);
+	tcase_add_test(tc, test_unpublished_batch_times_no_confirm);
 	tcase_add_test(tc, test_empty_routing);
 	tcase_add_test(tc, test_payload_over_broker_limit);
 	tcase_add_test(tc, test_payload_over_max_payload);
