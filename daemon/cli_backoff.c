@@ -154,7 +154,7 @@ print_schedule(const struct backoff_params *p, int attempts, uint64_t seed)
 {
 	struct backoff_rng rng;
 	char b1[64], b2[64], b3[64];
-	int64_t at = 0, prev = 0, d = 0;
+	int64_t at = 0, d = 0;
 	int n;
 
 	backoff_rng_seed(&rng, seed);
@@ -172,13 +172,15 @@ print_schedule(const struct backoff_params *p, int attempts, uint64_t seed)
 
 	/*
 	 * Attempt k + 1 waits backoff_delay(k) after attempt k fails, as the
-	 * relay does: attempt 0 of the API is the first retry.
+	 * relay does: attempt 0 of the API is the first retry.  A row keeps
+	 * no previous delay, so the relay passes 0 (decorrelated then draws
+	 * from [init, 3 x init] every time); passing the last one printed
+	 * a schedule growing 1.5x a step that no row lives through.
 	 */
 	for (n = 1; n < attempts; n++) {
-		d = backoff_delay(p, n - 1, prev, &rng);
+		d = backoff_delay(p, n - 1, 0, &rng);
 		if (d < 0)
 			break;
-		prev = d;
 		at = d > INT64_MAX - at ? INT64_MAX : at + d;
 		printf("%7d  %12s  %14s\n", n + 1,
 		    format_span(b1, sizeof(b1), d),

@@ -240,6 +240,31 @@ START_TEST(test_printed_seed_repeats)
 }
 END_TEST
 
+/*
+ * Decorrelated jitter for a row: the relay passes no previous delay (a
+ * row keeps none), so each delay is drawn from [init, 3 x init].  The
+ * command once fed each delay back, and printed 57m3s for what rows
+ * live through in 4 to 12 minutes.
+ */
+START_TEST(test_decorrelated_as_rows_live_it)
+{
+	struct run r;
+	const char *at;
+	long long total_ms;
+
+	run_backoff(&r, "--jitter", "decorrelated", "--init", "10s", "--max",
+	    "1h", "--attempts", "25", "--seed", "1", NULL);
+	ck_assert_int_eq(r.rc, 0);
+	at = strstr(r.out, "dead: after attempt 25 fails, ");
+	ck_assert_msg(at != NULL, "%s", r.out);
+	at = strchr(at, '(');
+	ck_assert_msg(at != NULL && sscanf(at, "(%lldms)", &total_ms) == 1,
+	    "%s", r.out);
+	ck_assert_int_ge(total_ms, 24 * 10000LL);
+	ck_assert_int_le(total_ms, 24 * 30000LL);
+}
+END_TEST
+
 START_TEST(test_help)
 {
 	struct run r;
@@ -313,6 +338,7 @@ main(void)
 	tcase_add_test(tc, test_ethernet_gives_up);
 	tcase_add_test(tc, test_seed_repeats);
 	tcase_add_test(tc, test_printed_seed_repeats);
+	tcase_add_test(tc, test_decorrelated_as_rows_live_it);
 	tcase_add_test(tc, test_help);
 	tcase_add_loop_test(tc, test_bad_usage, 0,
 	    sizeof(bad_cases) / sizeof(bad_cases[0]));
