@@ -480,8 +480,8 @@ take_config_option(int argc, char **argv, const char **path)
 	return n;
 }
 
-int
-main(int argc, char **argv)
+static int
+run_command(int argc, char **argv)
 {
 	const char *path = getenv("OUTBOXD_CONFIG");
 	static const struct option long_options[] = {
@@ -565,7 +565,7 @@ main(int argc, char **argv)
 	if (strcmp(command, "config") == 0) {
 		config_dump(&cfg, stdout);
 		config_free(&cfg);
-		return fflush(stdout) == 0 ? 0 : 1;
+		return 0;
 	}
 	log_set_level(cfg.log_level);
 	if (strcmp(command, "run") == 0)
@@ -573,5 +573,20 @@ main(int argc, char **argv)
 	else
 		rc = cli_admin(&cfg, command, argc - optind, argv + optind);
 	config_free(&cfg);
+	return rc;
+}
+
+/* A listing cut short is no success: `outboxd dead > dead.tsv` on a
+ * full disk exited 0, and so did every command but `config`. */
+int
+main(int argc, char **argv)
+{
+	int rc = run_command(argc, argv);
+
+	if (fflush(stdout) != 0 || ferror(stdout)) {
+		fprintf(stderr, "outboxd: cannot write the output: %s\n",
+		    strerror(errno));
+		return rc == 0 ? 1 : rc;
+	}
 	return rc;
 }

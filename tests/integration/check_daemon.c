@@ -1496,6 +1496,20 @@ START_TEST(test_check_config_and_usage)
 	    "dbname=outbox connect_timeout=2\"\n", 0644);
 	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
 	    bad, "status", NULL), 1);
+	/* Output that cannot be written (a full disk) is a runtime error:
+	 * these exited 0, a listing cut short. */
+	for (int i = 0; i < 4; i++) {
+		static const char *const cmd[] = { "status", "dead",
+			"version", "backoff" };
+		const char *argv[] = { "/bin/sh", "-c",
+			"exec \"$0\" -c \"$1\" \"$2\" >/dev/full",
+			tl_env("OUTBOXD_BIN"), good, cmd[i], NULL };
+
+		ck_assert_msg(tl_run(argv, out, sizeof(out), err, sizeof(err),
+		    20000) == 1, "%s > /dev/full: %s", cmd[i], err);
+		ck_assert_msg(strstr(err, "cannot write the output: No space "
+		    "left on device") != NULL, "%s: %s", cmd[i], err);
+	}
 }
 END_TEST
 
