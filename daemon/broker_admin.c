@@ -21,7 +21,14 @@ admin_begin(struct broker *b)
 		bk_set_err(b, "not connected");
 		return -1;
 	}
-	return bk_ensure_channels(b, now_mono_ms() + bk_confirm_ms(b));
+	if (bk_ensure_channels(b, now_mono_ms() + bk_confirm_ms(b)) == -1)
+		return -1;
+	/* rabbitmq-c's RPC timeout is the connection's: without this the
+	 * request got what the last caller left of its own deadline (1 ms
+	 * after a batch that ended late), and a slower broker cost the
+	 * connection. */
+	bk_rpc_deadline(b, now_mono_ms() + bk_confirm_ms(b));
+	return 0;
 }
 
 /* rc from bk_rpc_outcome(); logs the failure once and returns 0 or -1. */

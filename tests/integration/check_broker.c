@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "broker.h"
@@ -1089,6 +1090,46 @@ START_TEST(test_confirm_timeout)
 }
 END_TEST
 
+/*
+ * An administrative request (declare, count, delete) gets its own
+ * deadline.  It ran with whatever rabbitmq-c's RPC timeout was last left
+ * at: after a batch that ended near its deadline, 1 ms, and a broker
+ * that took longer lost the connection.  Here the broker answers after
+ * about 300 ms.
+ */
+START_TEST(test_admin_request_gets_its_own_deadline)
+{
+	struct broker_conf conf;
+	struct broker *b;
+	uint32_t count = 1;
+	pid_t pid = rabbit_pid(), waker;
+	char q[128];
+	int rc;
+
+	conf_init(&conf);
+	b = connected(&conf);
+	uniq(q, sizeof(q), "admin-deadline");
+	ck_assert(broker_declare_queue(b, q, "", "") == 0);
+	bk_rpc_deadline(b, now_mono_ms());	/* what a late batch leaves */
+	ck_assert(kill(pid, SIGSTOP) == 0);
+	ck_assert_msg(tl_wait_stopped(pid, WAIT_MS), "rabbitmq did not stop");
+	waker = fork();
+	ck_assert_int_ge(waker, 0);
+	if (waker == 0) {
+		usleep(300 * 1000);
+		(void)kill(pid, SIGCONT);
+		_exit(0);
+	}
+	rc = broker_queue_count(b, q, &count);
+	ck_assert_int_eq(waitpid(waker, NULL, 0), waker);
+	ck_assert(kill(pid, SIGCONT) == 0);
+	ck_assert_msg(rc == 0, "count: %s", broker_error(b));
+	ck_assert_uint_eq(count, 0);
+	ck_assert(broker_connected(b));
+	broker_free(b);
+}
+END_TEST
+
 START_TEST(test_broker_killed)
 {
 	struct broker *b = connect_default();
@@ -1153,6 +1194,7 @@ broker_suite(void)
 	tcase_add_test(loss, test_tick_keeps_idle_connection);
 	tcase_add_test(loss, test_dead_peer_probed);
 	tcase_add_test(loss, test_confirm_timeout);
+	tcase_add_test(loss, test_admin_request_gets_its_own_deadline);
 	tcase_add_test(loss, test_broker_killed);
 	suite_add_tcase(s, loss);
 	return s;
