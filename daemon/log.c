@@ -1,9 +1,11 @@
 /*
  * Logging to stderr in logfmt.  A line is built in one buffer and written
- * with one write(2) so lines from several threads never interleave.
+ * with one write(2) (finished if a signal or a short write cuts it) so
+ * lines from several threads do not interleave.
  */
 #include "log.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -36,6 +38,30 @@ static const char *const level_prefixes[] = {
 	[LOG_WARN] = "<4>",
 	[LOG_ERROR] = "<3>",
 };
+
+/*
+ * Writes the whole line.  SIGTERM and SIGHUP interrupt the main thread
+ * (their handlers have no SA_RESTART): a write blocked on a slow journal
+ * returned EINTR with nothing written, and the line was lost.  A short
+ * write on a stream socket is finished the same way.  Async-signal-safe.
+ */
+static void
+write_line(const char *line, size_t len)
+{
+	int saved = errno;
+
+	while (len > 0) {
+		ssize_t n = write(STDERR_FILENO, line, len);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			break;	/* stderr is gone: nothing useful to do */
+		line += n;
+		len -= (size_t)n;
+	}
+	errno = saved;
+}
 
 /* Set at start-up, before any thread: stderr is the journal's stream. */
 static bool journal_prefix;
@@ -330,7 +356,7 @@ log_from_signal_handler(enum log_level level, const char *fields)
 	memcpy(line + len, fields, flen);
 	len += flen;
 	line[len++] = '\n';
-	(void)!write(STDERR_FILENO, line, len);
+	write_line(line, len);
 }
 
 void
@@ -370,6 +396,5 @@ log_event(enum log_level level, const char *msg, const char *fmt, ...)
 	if (len > sizeof(line) - 2)
 		len = sizeof(line) - 2;
 	line[len++] = '\n';
-	/* Nothing useful can be done if stderr is gone. */
-	(void)!write(STDERR_FILENO, line, len);
+	write_line(line, len);
 }

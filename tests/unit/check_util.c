@@ -1,10 +1,16 @@
 /* Durations and logfmt quoting: the small pure helpers. */
 #include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -328,6 +334,93 @@ START_TEST(test_log_limit_burst_then_one_a_second)
 }
 END_TEST
 
+/*
+ * A line written while the reader is slow, and a signal comes: the
+ * daemon's SIGTERM and SIGHUP handlers have no SA_RESTART, so the
+ * blocked write(2) returned EINTR, and the line was lost.  stderr is a
+ * full stream socket here (as the journal's is when journald lags);
+ * SIGALRM comes at 100 ms, and the reader starts at 300 ms.
+ */
+struct drain {
+	int fd;
+	char tail[256];
+};
+
+static void *
+drain_later(void *arg)
+{
+	struct drain *d = arg;
+	char buf[4096];
+	size_t keep = 0;
+	ssize_t n;
+
+	usleep(300 * 1000);
+	/* Until EOF: the test closes its end once the line is written,
+	 * or was given up. */
+	while ((n = read(d->fd, buf, sizeof(buf))) > 0) {
+		for (ssize_t i = 0; i < n; i++) {
+			if (keep == sizeof(d->tail) - 1) {
+				memmove(d->tail, d->tail + 1, keep - 1);
+				keep--;
+			}
+			d->tail[keep++] = buf[i];
+		}
+	}
+	d->tail[keep] = '\0';
+	return NULL;
+}
+
+static void
+on_alarm(int sig)
+{
+	(void)sig;
+}
+
+START_TEST(test_log_line_survives_a_signal)
+{
+	struct sigaction sa = { .sa_handler = on_alarm };
+	struct itimerval at = { .it_value = { .tv_usec = 100 * 1000 } };
+	struct drain d = { 0 };
+	sigset_t alrm, old;
+	int sv[2], saved, size = 4096, flags;
+	pthread_t reader;
+	char fill[1024];
+
+	ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+	(void)setsockopt(sv[0], SOL_SOCKET, SO_SNDBUF, &size, sizeof(size));
+	flags = fcntl(sv[0], F_GETFL);
+	ck_assert_int_eq(fcntl(sv[0], F_SETFL, flags | O_NONBLOCK), 0);
+	memset(fill, 'x', sizeof(fill));
+	while (write(sv[0], fill, sizeof(fill)) > 0)
+		;
+	ck_assert_int_eq(errno, EAGAIN);
+	ck_assert_int_eq(fcntl(sv[0], F_SETFL, flags), 0);
+	d.fd = sv[1];
+	/* The signal is for this thread, not the reader's. */
+	sigemptyset(&alrm);
+	sigaddset(&alrm, SIGALRM);
+	pthread_sigmask(SIG_BLOCK, &alrm, &old);
+	ck_assert_int_eq(pthread_create(&reader, NULL, drain_later, &d), 0);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	sigemptyset(&sa.sa_mask);
+	ck_assert_int_eq(sigaction(SIGALRM, &sa, NULL), 0);	/* no SA_RESTART */
+
+	fflush(stderr);
+	saved = dup(STDERR_FILENO);
+	dup2(sv[0], STDERR_FILENO);
+	log_set_level(LOG_INFO);
+	ck_assert_int_eq(setitimer(ITIMER_REAL, &at, NULL), 0);
+	log_info("the line a signal cut", "k=v");
+	dup2(saved, STDERR_FILENO);
+	close(saved);
+	close(sv[0]);
+	ck_assert_int_eq(pthread_join(reader, NULL), 0);
+	close(sv[1]);
+	ck_assert_msg(strstr(d.tail, "msg=\"the line a signal cut\" k=v\n") !=
+	    NULL, "the line was lost; the stream ended with: %s", d.tail);
+}
+END_TEST
+
 int
 main(void)
 {
@@ -347,6 +440,7 @@ main(void)
 	tcase_add_test(tc, test_log_journal_priorities);
 	tcase_add_test(tc, test_str_replace_controls);
 	tcase_add_test(tc, test_utf8_seq_len);
+	tcase_add_test(tc, test_log_line_survives_a_signal);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
