@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <systemd/sd-daemon.h>
@@ -30,6 +31,44 @@
 
 static volatile sig_atomic_t stop_requested;
 static volatile sig_atomic_t reload_requested;
+/* An eventfd the handlers write: the main relay's waits end on it.  A
+ * flag alone was seen only if the signal cut a poll() short; one that
+ * came during a claim, a mark or a connect waited for the next wait to
+ * run out (up to a second). */
+static volatile sig_atomic_t signal_wake_fd = -1;
+
+/* Async-signal-safe; keeps errno for the code the signal interrupted. */
+static void
+wake_main_relay(void)
+{
+	const uint64_t one = 1;
+	int saved = errno;
+
+	if (signal_wake_fd >= 0)
+		(void)!write(signal_wake_fd, &one, sizeof(one));
+	errno = saved;
+}
+
+/* Reads the handlers' wake-ups, once acted on: left readable, they
+ * would end every later wait at once. */
+static void
+drain_wakes(void)
+{
+	uint64_t n;
+
+	if (signal_wake_fd >= 0)
+		(void)!read(signal_wake_fd, &n, sizeof(n));
+}
+
+static void
+close_wakes(void)
+{
+	int fd = signal_wake_fd;
+
+	signal_wake_fd = -1;
+	if (fd >= 0)
+		close(fd);
+}
 /* relay.shutdown_timeout in whole seconds, for the handler's alarm(). */
 static volatile sig_atomic_t shutdown_timeout_s;
 
@@ -46,6 +85,7 @@ on_stop(int sig)
 	 * again later. */
 	if (shutdown_timeout_s > 0)
 		alarm((unsigned)shutdown_timeout_s);
+	wake_main_relay();
 }
 
 /*
@@ -71,6 +111,7 @@ on_reload(int sig)
 {
 	(void)sig;
 	reload_requested = 1;
+	wake_main_relay();
 }
 
 static void
@@ -370,6 +411,11 @@ run_daemon(struct config *cfg)
 	d.leader = leader_new(&cfg->lock, &cfg->relay, d.store);
 	shutdown_timeout_s = (sig_atomic_t)((cfg->relay.shutdown_timeout_ms +
 	    999) / 1000);
+	signal_wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	if (signal_wake_fd == -1)	/* signals then act at a wait's end */
+		log_warn("no eventfd for signals", "error=%s",
+		    strerror(errno));
+	relay_set_wake_fd(d.relay, signal_wake_fd);
 	install_signals();
 	d.workers = workers_start(cfg->relay.workers - 1,
 	    cfg->relay.mode == RELAY_PARALLEL, &cfg->relay, &cfg->store,
@@ -384,6 +430,7 @@ run_daemon(struct config *cfg)
 		store_free(d.store2);
 		store_free(d.store);
 		http_stop(d.http);
+		close_wakes();
 		return 1;
 	}
 	if (sd_watchdog_enabled(0, &watchdog_us) <= 0)
@@ -406,7 +453,9 @@ run_daemon(struct config *cfg)
 	while (!stop_requested) {
 		if (reload_requested) {
 			reload_requested = 0;
+			drain_wakes();
 			reload(&d, ready);
+			continue;	/* a stop that came meanwhile */
 		}
 		/* Wake at least twice per watchdog period. */
 		daemon_step(&d, watchdog_us ? (int64_t)watchdog_us / 2000 :
@@ -438,6 +487,7 @@ run_daemon(struct config *cfg)
 	store_free(d.store2);
 	store_free(d.store);
 	http_stop(d.http);
+	close_wakes();
 	return 0;
 }
 

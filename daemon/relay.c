@@ -742,6 +742,16 @@ relay_cycle(struct relay *r, size_t *claimed)
 	return x->broker_rc;
 }
 
+/* Whether the wake fd is readable: a stop (or, for the main relay, a
+ * reload) is asked, and no new connect or claim should start. */
+static bool
+woken(const struct relay *r)
+{
+	struct pollfd pfd = { .fd = r->wake_fd, .events = POLLIN };
+
+	return r->wake_fd >= 0 && poll(&pfd, 1, 0) == 1;
+}
+
 /*
  * A pipelined run (relay.pipeline): the relay's two sessions take
  * turns, so that the broker gets the next batch the moment it has
@@ -816,7 +826,7 @@ relay_pipeline(struct relay *r, int64_t until_ms, bool *backlog,
 		 * waits too, or the run sent those rows again at once. */
 		if (more && now_mono_ms() < until_ms &&
 		    now_mono_ms() >= r->cycle_retry_at &&
-		    broker_blocked_ms(r->broker) == 0) {
+		    broker_blocked_ms(r->broker) == 0 && !woken(r)) {
 			n = side_claim(r, next, PIPELINE_LOCK_WAIT_MS);
 			*claimed = n > 0 ? (size_t)n : 0;
 			more = n == -1;
@@ -1015,9 +1025,16 @@ connections_up(struct relay *r, int64_t max_wait_ms)
 {
 	/* Both, not `&&`: with PostgreSQL down the broker's retry time must
 	 * still move on, or the wait below would be in the past and the
-	 * loop would spin at full CPU while both servers are away. */
-	bool store_up = ensure_store(r), broker_up = ensure_broker(r);
+	 * loop would spin at full CPU while both servers are away.  But
+	 * not after a stop that came during the first connect: the second
+	 * could take rabbitmq.connect_timeout per node. */
+	bool store_up = ensure_store(r);
+	bool broker_up = woken(r) ? broker_connected(r->broker) :
+	    ensure_broker(r);
 	int64_t retry_at = INT64_MAX, wait;
+
+	if (!(store_up && broker_up) && woken(r))
+		return false;
 
 	if (store_up && broker_up)
 		return true;
@@ -1078,6 +1095,11 @@ relay_step(struct relay *r, int64_t max_wait_ms)
 	int64_t paced;
 
 	if (!connections_up(r, max_wait_ms))
+		return false;
+	/* A signal that came outside a wait (during a claim, a mark or a
+	 * connect) did not cut one short: it is seen here, before new
+	 * work, not after the next wait (up to a second). */
+	if (woken(r))
 		return false;
 	if (broker_blocked_ms(r->broker) > 0) {
 		wait_for_unblock(r, max_wait_ms);
