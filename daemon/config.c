@@ -216,7 +216,9 @@ const size_t cfg_n_keys = N_KEYS;
  * first line of a password_file is: `X=$(cat f)` keeps none, but an
  * env_file or a Kubernetes secret made --from-file keeps the file's,
  * and the newline went to the server as part of the password ("password
- * authentication failed", with `outboxd check` content).
+ * authentication failed", with `outboxd check` content).  NULL when
+ * nothing is left: a variable holding only a line end is empty (it was
+ * taken as a one-byte password).
  */
 static char *
 env_secret(const char *val)
@@ -224,10 +226,14 @@ env_secret(const char *val)
 	char *secret = xstrdup(val);
 	size_t len = strlen(secret);
 
-	if (len > 1 && secret[len - 1] == '\n')
+	if (len > 0 && secret[len - 1] == '\n')
 		secret[--len] = '\0';
-	if (len > 1 && secret[len - 1] == '\r')
+	if (len > 0 && secret[len - 1] == '\r')
 		secret[--len] = '\0';
+	if (len == 0) {
+		secret_free(secret);
+		return NULL;
+	}
 	return secret;
 }
 
@@ -482,7 +488,9 @@ value_set(struct config *c, const struct key *k, const char *s, char *why,
 			    "" : ", got ", k->type == T_SECRET_FILE ? "" : q);
 			return -1;
 		}
-		cfg_string_set(f, s, k->type == T_SECRET);
+		/* A conninfo may hold a password. */
+		cfg_string_set(f, s, k->type == T_SECRET ||
+		    (k->flags & F_CONNINFO));
 		return 0;
 	case T_SECRET_ENV:
 		if (!env_name_ok(s)) {
@@ -1045,11 +1053,9 @@ secrets_resolve(struct loader *L)
 			if (val == NULL)
 				strfmt(why, sizeof(why), "the environment "
 				    "variable is not set");
-			else if (*val == '\0')
+			else if ((secret = env_secret(val)) == NULL)
 				strfmt(why, sizeof(why), "the environment "
 				    "variable is empty");
-			else
-				secret = env_secret(val);
 		} else {
 			secret = secret_file_read(
 			    *(char **)field(L->c, given[0]->off), why,
@@ -1187,6 +1193,32 @@ uri_path_has_at(const char *s)
 	    strlen(slash)) != NULL;
 }
 
+/* PQconninfoFree, with the values libpq marks secret (dispchar "*":
+ * password, sslpassword) wiped first. */
+static void
+conninfo_options_free(PQconninfoOption *opts)
+{
+	for (PQconninfoOption *o = opts; o->keyword != NULL; o++)
+		if (o->dispchar[0] == '*' && o->val != NULL)
+			explicit_bzero(o->val, strlen(o->val));
+	PQconninfoFree(opts);
+}
+
+/*
+ * With no "user@" before the "?", libpq's search for one runs on into
+ * the parameters, to the first "@" before a "/": an "@" in a parameter
+ * (a password, typically) makes all before it user name and password,
+ * which nothing redacts, and the rest the host.
+ */
+static bool
+uri_query_has_user_at(const char *s)
+{
+	const char *auth = strstr(s, "://") + 3;
+	size_t n = strcspn(auth, "@/");
+
+	return auth[n] == '@' && memchr(auth, '?', n) != NULL;
+}
+
 /*
  * A conninfo libpq cannot read fails here, in `outboxd check`, not at
  * the first connection; and the dump's redaction can rely on libpq's
@@ -1212,13 +1244,19 @@ conninfo_check(struct loader *L)
 			    "first \"/\" of the URI: libpq reads the user "
 			    "and password only before that \"/\", so write "
 			    "\"/\" in them as %%2F and \"@\" as %%40");
+		else if (conninfo_is_uri(ci) && uri_query_has_user_at(ci))
+			problem(L, m, "postgres.conninfo: an \"@\" after the "
+			    "\"?\" of a URI with no \"user@\" before the "
+			    "host: libpq reads all before that \"@\" as the "
+			    "user and password, so write \"@\" in the "
+			    "parameters as %%40");
 		else
 			for (PQconninfoOption *o = opts; o->keyword != NULL;
 			    o++)
 				if (strcmp(o->keyword, "port") == 0 &&
 				    o->val != NULL && !port_list_ok(o->val))
 					port_problem(L, m, ci, o->val);
-		PQconninfoFree(opts);
+		conninfo_options_free(opts);
 		return;
 	}
 	if (err == NULL) {
@@ -1238,6 +1276,8 @@ conninfo_check(struct loader *L)
 		problem(L, m, "postgres.conninfo: %s",
 		    str_replace_controls(err, '?'));
 	}
+	/* It may quote the password. */
+	explicit_bzero(err, strlen(err));
 	PQfreemem(err);
 }
 
@@ -1510,6 +1550,12 @@ config_free(struct config *c)
 
 		switch (k->type) {
 		case T_STRING:
+			/* A conninfo may hold a password. */
+			if (k->flags & F_CONNINFO)
+				secret_free(*(char **)f);
+			else
+				free(*(char **)f);
+			break;
 		case T_SECRET_ENV:
 		case T_SECRET_FILE:
 		case T_LISTEN:

@@ -13,7 +13,11 @@
 #include "config_value.h"
 
 /* Writes n bytes of s escaped as in a double-quoted YAML string, so that
- * a dump is one line per key and never sends control bytes to a terminal. */
+ * a dump is one line per key and never sends control bytes to a terminal.
+ * A C1 control (UTF-8 C2 80..C2 9F) is written as its code point, \x85,
+ * as YAML reads it: raw, CSI starts a terminal's escape sequence, and
+ * YAML reads NEL as a line break, so the dump read back as another value.
+ * n must not end inside one. */
 static void
 escaped_write(FILE *out, const char *s, size_t n)
 {
@@ -24,6 +28,8 @@ escaped_write(FILE *out, const char *s, size_t n)
 			fprintf(out, "\\%c", ch);
 		else if (ch < ' ' || ch == 0x7f)
 			fprintf(out, "\\x%02x", ch);
+		else if (config_c1_len(s + i) > 0)
+			fprintf(out, "\\x%02x", (unsigned char)s[++i]);
 		else
 			fputc(ch, out);
 	}
@@ -74,20 +80,32 @@ conninfo_is_uri(const char *s)
 	    strncmp(s, "postgres://", 11) == 0;
 }
 
+/*
+ * libpq's user info ends at the first "@" before the first "/", past a
+ * "?" too, and holds a password from its first ":".  *at goes on to the
+ * host's last "@", so that a password holding an "@" is redacted whole
+ * (libpq would take its rest for the host), but not past a "?": an "@"
+ * or ":" in a parameter is the parameter's (one such ":" and "@" once
+ * bounded a "password" here, and the dump printed the text before it).
+ */
 const char *
 conninfo_uri_password(const char *s, const char **at)
 {
-	const char *auth, *end;
+	const char *auth, *end, *colon;
 
+	*at = NULL;
 	if (!conninfo_is_uri(s))
 		return NULL;
 	auth = strstr(s, "://") + 3;
 	end = auth + strcspn(auth, "/");
-	*at = NULL;
-	for (const char *c = auth; c < end; c++)
+	if ((*at = memchr(auth, '@', (size_t)(end - auth))) == NULL)
+		return NULL;
+	colon = memchr(auth, ':', (size_t)(*at - auth));
+	end = *at + strcspn(*at, "/?");
+	for (const char *c = *at; c < end; c++)
 		if (*c == '@')
 			*at = c;
-	return *at ? memchr(auth, ':', (size_t)(*at - auth)) : NULL;
+	return colon;
 }
 
 /*
@@ -128,7 +146,7 @@ conninfo_dump(FILE *out, const char *s)
 		query = strchr(first_at ? first_at : auth, '?');
 		while (*p != '\0') {
 			const char *k = p + 1;
-			size_t klen = strcspn(k, "=&");
+			size_t klen = strcspn(k, "=&"), n;
 			bool param = query != NULL && (p == query ||
 			    (p > query && *p == '&'));
 
@@ -147,7 +165,10 @@ conninfo_dump(FILE *out, const char *s)
 				p += strcspn(p, "&");
 				continue;
 			}
-			escaped_write(out, p++, 1);
+			/* A C1 control's two bytes go together. */
+			n = config_c1_len(p) > 0 ? 2 : 1;
+			escaped_write(out, p, n);
+			p += n;
 		}
 		fputs("\"\n", out);
 		return;

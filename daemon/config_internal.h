@@ -101,8 +101,9 @@ void cfg_parser_wipe(yaml_parser_t *parser);
 /* Whether a conninfo is libpq's URI form. */
 bool conninfo_is_uri(const char *s);
 /* In a URI conninfo, the ":" before a password in the user info, which
- * runs up to the last "@" (*at) before the first "/" (a password
- * holding an "@" counts whole); NULL if there is none. */
+ * libpq ends at the first "@" before the first "/"; *at is the last "@"
+ * after it and before a "/" or "?" (a password holding an "@" counts
+ * whole); NULL if there is none. */
 const char *conninfo_uri_password(const char *s, const char **at);
 
 #endif

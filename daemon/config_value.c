@@ -16,9 +16,17 @@
 
 #include "util.h"
 
+size_t
+config_c1_len(const char *s)
+{
+	return (unsigned char)s[0] == 0xc2 && (unsigned char)s[1] >= 0x80 &&
+	    (unsigned char)s[1] <= 0x9f ? 2 : 0;
+}
+
 /*
  * Writes s quoted for an error message, escaping what a terminal would
- * act on and cutting it at ECHO_MAX bytes.  Never used for secrets.
+ * act on (C1 controls too: CSI works as ESC [ does) and cutting it at
+ * ECHO_MAX bytes.  Never used for secrets.
  */
 const char *
 config_echo(char *buf, size_t size, const char *s)
@@ -29,7 +37,8 @@ config_echo(char *buf, size_t size, const char *s)
 	for (i = 0; s[i] != '\0' && n + 8 < size; i++) {
 		unsigned char ch = (unsigned char)s[i];
 
-		if (i == ECHO_MAX) {
+		/* ">=": a C1 control takes two bytes at once. */
+		if (i >= ECHO_MAX) {
 			memcpy(buf + n, "...", 3);
 			n += 3;
 			break;
@@ -39,6 +48,9 @@ config_echo(char *buf, size_t size, const char *s)
 			buf[n++] = (char)ch;
 		} else if (ch < ' ' || ch == 0x7f) {
 			n += (size_t)snprintf(buf + n, size - n, "\\x%02x", ch);
+		} else if (config_c1_len(s + i) > 0) {
+			n += (size_t)snprintf(buf + n, size - n, "\\x%02x",
+			    (unsigned char)s[++i]);
 		} else {
 			buf[n++] = (char)ch;
 		}

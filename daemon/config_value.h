@@ -15,6 +15,9 @@
 /* s in double quotes, terminal controls escaped, cut at ECHO_MAX bytes;
  * returns buf.  Never for secrets. */
 const char *config_echo(char *buf, size_t size, const char *s);
+/* 2 if s starts with a C1 control in UTF-8 (C2 80..C2 9F: NEL, CSI...),
+ * else 0; the echo and the dump escape these as \x85 (the code point). */
+size_t config_c1_len(const char *s);
 /* ms as the config writes it ("0", "250ms", "30s", "5m"); returns buf. */
 const char *config_fmt_duration(char *buf, size_t size, int64_t ms);
 /* Bytes in the largest binary unit that divides them ("4MiB"). */

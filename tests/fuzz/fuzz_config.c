@@ -6,7 +6,8 @@
  *    (otherwise `outboxd check` says OK and the daemon fails at start);
  *  - a dump never shows a password: the secret keys read <set>/<unset>,
  *    and libpq finds no password (nor sslpassword) in the dumped
- *    postgres.conninfo.
+ *    postgres.conninfo;
+ *  - a dump holds no control byte, C1 controls (C2 80..C2 9F) included.
  * The config sources are compiled with -Dopen=fuzz_open: only files under
  * /fuzz-secrets/ (absolute, as password_file must be) can be opened, and
  * they are looked up in a temporary directory made here, so no input can
@@ -128,7 +129,8 @@ dump_value(const char *dump, const char *key, size_t *len)
 	return NULL;
 }
 
-/* Undoes the dump's escapes (\" \\ \xHH) of n bytes of s. */
+/* Undoes the dump's escapes (\" \\ \xHH) of n bytes of s; \x80..\x9f is
+ * a C1 control, the code point, two bytes in UTF-8. */
 static char *
 unescape(const char *s, size_t n)
 {
@@ -145,8 +147,10 @@ unescape(const char *s, size_t n)
 			unsigned v;
 
 			FUZZ_CHECK(i + 3 < n &&
-			    sscanf(s + i + 2, "%2x", &v) == 1,
+			    sscanf(s + i + 2, "%2x", &v) == 1 && v <= 0x9f,
 			    "bad \\x escape in %.*s", (int)n, s);
+			if (v >= 0x80)
+				*o++ = (char)0xc2;
 			*o++ = (char)v;
 			i += 3;
 		} else {
@@ -189,10 +193,17 @@ check_dump(const struct config *c)
 	v = dump_value(dump, "postgres.conninfo", &len);
 	FUZZ_CHECK(v != NULL && len >= 2 && v[0] == '"' && v[len - 1] == '"',
 	    "postgres.conninfo dumped as %.*s", (int)len, v ? v : "");
-	for (size_t i = 0; i < dlen; i++)
+	for (size_t i = 0; i < dlen; i++) {
 		FUZZ_CHECK((unsigned char)dump[i] >= ' ' || dump[i] == '\n',
 		    "control byte 0x%02x in the dump",
 		    (unsigned char)dump[i]);
+		/* C1 controls (UTF-8 C2 80..C2 9F) too: CSI, NEL. */
+		FUZZ_CHECK((unsigned char)dump[i] != 0xc2 || i + 1 == dlen ||
+		    (unsigned char)dump[i + 1] < 0x80 ||
+		    (unsigned char)dump[i + 1] > 0x9f,
+		    "C1 control 0x%02x in the dump",
+		    (unsigned char)dump[i + 1]);
+	}
 	info = unescape(v + 1, len - 2);
 	opts = PQconninfoParse(info, NULL);
 	for (PQconninfoOption *o = opts; o != NULL && o->keyword != NULL;

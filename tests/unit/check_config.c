@@ -15,6 +15,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <libpq-fe.h>
+
 #include "config.h"
 #include "config_value.h"
 #include "secret.h"
@@ -25,6 +27,10 @@
 #define CONNINFO_AT_IN_PATH "postgres.conninfo: an \"@\" after the " \
 	"first \"/\" of the URI: libpq reads the user and password only " \
 	"before that \"/\", so write \"/\" in them as %2F and \"@\" as %40"
+#define CONNINFO_AT_IN_QUERY "postgres.conninfo: an \"@\" after the " \
+	"\"?\" of a URI with no \"user@\" before the host: libpq reads all " \
+	"before that \"@\" as the user and password, so write \"@\" in the " \
+	"parameters as %40"
 #define CONNINFO_HIDDEN "postgres.conninfo: libpq cannot parse it (its " \
 	"message is not shown: it may quote the password); a value with " \
 	"spaces or quotes goes in single quotes, with \\' and \\\\ inside"
@@ -440,6 +446,18 @@ static const struct value_case {
 	    "!" CONNINFO_AT_IN_PATH },
 	{ "postgres.conninfo", "\"postgresql://db/x%40y?user=a@b\"",
 	    "postgres.conninfo: \"postgresql://db/x%40y?user=a@b\"" },
+	/* With no "user@", libpq's search for one runs past the "?" to an
+	 * "@" in a parameter: the text before it became user and password,
+	 * nothing to redact, and `outboxd config` printed it whole. */
+	{ "postgres.conninfo", "\"postgresql://db.example?sslmode=require&"
+	    "password=" SECRET "@dor\"", "!" CONNINFO_AT_IN_QUERY },
+	{ "postgres.conninfo", "\"postgresql://h?password=a:" SECRET
+	    "@c/d\"", "!" CONNINFO_AT_IN_QUERY },
+	/* A "/" first ends that search; so does a "user@". */
+	{ "postgres.conninfo", "\"postgresql://h?password=" SECRET "/x@y\"",
+	    "postgres.conninfo: \"postgresql://h/?password=<set>\"" },
+	{ "postgres.conninfo", "\"postgresql://u@h?application_name=a@b\"",
+	    "postgres.conninfo: \"postgresql://u@h/?application_name=a@b\"" },
 	/* A port libpq would refuse at connect time fails at load. */
 	{ "postgres.conninfo", "\"host=db port=abc\"", "!postgres.conninfo: "
 	    "the port must be a number from 1 to 65535, or a list of them; "
@@ -814,6 +832,11 @@ START_TEST(test_value_echo_is_escaped_and_cut)
 	assert_errors("log:\n  level: \"a\\tb\\e\\\"\"\n",
 	    "t.yml:2:10: log.level: expected one of debug, info, warn or "
 	    "error, got \"a\\x09b\\x1b\\\"\"\n");
+	/* C1 controls too (UTF-8 C2 80..C2 9F): CSI starts a terminal's
+	 * escape sequences as ESC [ does; "\xc3\xa9" is not one. */
+	assert_errors("log:\n  level: \"a\\x85b\\x9b\\xe9\"\n",
+	    "t.yml:2:10: log.level: expected one of debug, info, warn or "
+	    "error, got \"a\\x85b\\x9b\xc3\xa9\"\n");
 #define A10 "aaaaaaaaaa"
 	/* 70 bytes in, the first 60 and "..." out. */
 	assert_errors("log:\n  level: " A10 A10 A10 A10 A10 A10 A10 "\n",
@@ -986,6 +1009,23 @@ START_TEST(test_secret_from_env_drops_one_line_end)
 	unsetenv("OUTBOXD_TEST_LF");
 	unsetenv("OUTBOXD_TEST_CRLF");
 	unsetenv("OUTBOXD_TEST_TWO");
+}
+END_TEST
+
+/* A variable holding only a line end is as empty as one holding
+ * nothing: it was taken as a one-byte password. */
+START_TEST(test_secret_from_env_only_line_end)
+{
+	setenv("OUTBOXD_TEST_LF", "\n", 1);
+	setenv("OUTBOXD_TEST_CRLF", "\r\n", 1);
+	assert_errors("redis:\n  password_env: OUTBOXD_TEST_LF\n",
+	    "t.yml:2:17: redis.password_env: the environment variable is "
+	    "empty\n");
+	assert_errors("redis:\n  password_env: OUTBOXD_TEST_CRLF\n",
+	    "t.yml:2:17: redis.password_env: the environment variable is "
+	    "empty\n");
+	unsetenv("OUTBOXD_TEST_LF");
+	unsetenv("OUTBOXD_TEST_CRLF");
 }
 END_TEST
 
@@ -1205,12 +1245,55 @@ static const struct conninfo_case {
 	/* User info ends at the first "@": the query after it counts. */
 	{ "postgresql://u@h?password=" SECRET "@x",
 	    "postgresql://u@h/?password=<set>" },
+	/* ... and so does a ":" in it: libpq reads no password in the user
+	 * info, only the parameter (which printed "password=" SECRET
+	 * ":<set>@x"). */
+	{ "postgresql://u@h?password=" SECRET ":" SECRET "@x",
+	    "postgresql://u@h/?password=<set>" },
+	{ "postgresql://u:" SECRET "@h?password=" SECRET ":" SECRET "@x",
+	    "postgresql://u:<set>@h/?password=<set>" },
+	/* An "@" in the password: libpq takes the rest for the host, the
+	 * dump takes it for the password, up to the host's last "@". */
+	{ "postgresql://u:" SECRET "@" SECRET "@h/x",
+	    "postgresql://u:<set>@h/x" },
+	{ "postgresql://u:" SECRET "@" SECRET "@h?sslmode=require",
+	    "postgresql://u:<set>@h/?sslmode=require" },
 };
+
+/* Undoes the dump's escapes (\" \\ \xHH, a C1 control's as UTF-8) of
+ * the n bytes at s. */
+static char *
+unescape(const char *s, size_t n)
+{
+	char *out = xmalloc(n + 1), *o = out;
+
+	for (size_t i = 0; i < n; i++) {
+		unsigned v;
+
+		if (s[i] != '\\') {
+			*o++ = s[i];
+			continue;
+		}
+		ck_assert_uint_lt(i + 1, n);
+		if (s[++i] != 'x') {
+			*o++ = s[i];
+			continue;
+		}
+		ck_assert_int_eq(sscanf(s + i + 1, "%2x", &v), 1);
+		i += 2;
+		if (v >= 0x80)
+			*o++ = (char)0xc2;
+		*o++ = (char)v;
+	}
+	*o = '\0';
+	return out;
+}
 
 START_TEST(test_dump_redacts_conninfo)
 {
 	const struct conninfo_case *cc = &conninfo_cases[_i];
-	char yaml[512], want[512];
+	char yaml[512], want[512], *info;
+	PQconninfoOption *opts;
 	struct result r;
 	size_t n;
 
@@ -1229,6 +1312,48 @@ START_TEST(test_dump_redacts_conninfo)
 	ck_assert_msg(strstr(r.dump, want) != NULL, "want %s in\n%s", want,
 	    r.dump);
 	ck_assert_ptr_null(strstr(r.dump, SECRET));
+	/* What libpq reads in the dump: no password but the marker. */
+	info = strstr(r.dump, "\npostgres.conninfo: \"") + 21;
+	info = unescape(info, strcspn(info, "\n") - 1);
+	opts = PQconninfoParse(info, NULL);
+	ck_assert_ptr_nonnull(opts);
+	for (PQconninfoOption *o = opts; o->keyword != NULL; o++)
+		ck_assert_msg(o->dispchar[0] != '*' || o->val == NULL ||
+		    strcmp(o->val, "<set>") == 0, "libpq reads %s=%s in %s",
+		    o->keyword, o->val, info);
+	PQconninfoFree(opts);
+	free(info);
+	result_free(&r);
+}
+END_TEST
+
+/* C1 controls (UTF-8 C2 80..C2 9F) are escaped as the code point, as
+ * YAML reads \x85 in double quotes: raw, they reached the terminal, and
+ * YAML folds a raw NEL as a line break, so the dump read back as another
+ * value. */
+START_TEST(test_dump_escapes_c1_controls)
+{
+	static const char key[] = "a\xc2\x85" "b\xc2\x9b" "c\xc2\xa0";
+	char yaml[256];
+	const char *v;
+	struct result r, back;
+
+	assert_loads("redis:\n  key: \"a\\x85b\\x9bc\\xa0\"\n"
+	    "postgres:\n  conninfo: \"postgresql://h/x?application_name="
+	    "\\x9b\\x85\"\n", &r);
+	ck_assert_str_eq(r.c.lock.key, key);
+	/* U+00A0 is no control: it stays as it is. */
+	v = strstr(r.dump, "\nredis.key: \"a\\x85b\\x9bc\xc2\xa0\"\n");
+	ck_assert_msg(v != NULL, "redis.key not escaped in\n%s", r.dump);
+	ck_assert_ptr_nonnull(strstr(r.dump, "\npostgres.conninfo: "
+	    "\"postgresql://h/x?application_name=\\x9b\\x85\"\n"));
+	/* The dumped value, put back in a file, loads as the same. */
+	v += strlen("\nredis.key: ");
+	snprintf(yaml, sizeof(yaml), "redis:\n  key: %.*s\n",
+	    (int)strcspn(v, "\n"), v);
+	assert_loads(yaml, &back);
+	ck_assert_str_eq(back.c.lock.key, key);
+	result_free(&back);
 	result_free(&r);
 }
 END_TEST
@@ -1677,6 +1802,7 @@ main(void)
 	tcase_add_test(tc, test_corpus);
 	tcase_add_test(tc, test_secret_from_env);
 	tcase_add_test(tc, test_secret_from_env_drops_one_line_end);
+	tcase_add_test(tc, test_secret_from_env_only_line_end);
 	tcase_add_test(tc, test_secret_from_file);
 	tcase_add_test(tc, test_secret_reread);
 	tcase_add_test(tc, test_reload_password_file);
@@ -1684,6 +1810,7 @@ main(void)
 	tcase_add_test(tc, test_secret_never_printed);
 	tcase_add_loop_test(tc, test_dump_redacts_conninfo, 0,
 	    (int)(sizeof(conninfo_cases) / sizeof(conninfo_cases[0])));
+	tcase_add_test(tc, test_dump_escapes_c1_controls);
 	tcase_add_test(tc, test_sample_loads_as_defaults);
 	tcase_add_test(tc, test_sample_documents_every_key);
 	tcase_add_test(tc, test_keys_and_dump_agree);
