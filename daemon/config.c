@@ -1220,6 +1220,22 @@ uri_query_has_user_at(const char *s)
 }
 
 /*
+ * Two "@" before the host's end: libpq ends the user info at the first,
+ * so a password holding an "@" lends its rest to the host name, which
+ * connection errors print ("could not translate host name").
+ */
+static bool
+uri_host_has_at(const char *s)
+{
+	const char *auth = strstr(s, "://") + 3, *first;
+	size_t n = strcspn(auth, "/?");
+
+	first = memchr(auth, '@', n);
+	return first != NULL && memchr(first + 1, '@',
+	    n - (size_t)(first + 1 - auth)) != NULL;
+}
+
+/*
  * A conninfo libpq cannot read fails here, in `outboxd check`, not at
  * the first connection; and the dump's redaction can rely on libpq's
  * reading of it.  libpq's message quotes the text it stumbled on, so it
@@ -1244,6 +1260,11 @@ conninfo_check(struct loader *L)
 			    "first \"/\" of the URI: libpq reads the user "
 			    "and password only before that \"/\", so write "
 			    "\"/\" in them as %%2F and \"@\" as %%40");
+		else if (conninfo_is_uri(ci) && uri_host_has_at(ci))
+			problem(L, m, "postgres.conninfo: two \"@\" before "
+			    "the host's end: libpq ends the user and "
+			    "password at the first, and takes the rest for "
+			    "the host name, so write \"@\" in them as %%40");
 		else if (conninfo_is_uri(ci) && uri_query_has_user_at(ci))
 			problem(L, m, "postgres.conninfo: an \"@\" after the "
 			    "\"?\" of a URI with no \"user@\" before the "

@@ -110,9 +110,16 @@ strfmt(char *buf, size_t size, const char *fmt, ...)
 char *
 str_replace_controls(char *s, char with)
 {
-	for (char *c = s; *c != '\0'; c++)
-		if ((unsigned char)*c < ' ' || *c == 0x7f)
-			*c = with;
+	for (unsigned char *c = (unsigned char *)s; *c != '\0'; c++) {
+		if (*c < ' ' || *c == 0x7f) {
+			*c = (unsigned char)with;
+		} else if (*c == 0xc2 && c[1] >= 0x80 && c[1] <= 0x9f) {
+			/* A C1 control (NEL, CSI: what ESC [ does) in
+			 * UTF-8; its two bytes, lest a half stay. */
+			c[0] = c[1] = (unsigned char)with;
+			c++;
+		}
+	}
 	return s;
 }
 

@@ -33,8 +33,9 @@ void secret_free(char *);
 char *strfmt(char *buf, size_t size, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
-/* Replaces every control byte of s (below ' ', and DEL) with `with`, so
- * that outside text stays on one line; returns s. */
+/* Replaces every control byte of s (below ' ', DEL, and both bytes of a
+ * UTF-8 C1 control) with `with`, so that outside text stays on one line
+ * and sends a terminal nothing; returns s. */
 char *str_replace_controls(char *s, char with);
 
 /* The length (1-4) of the well-formed UTF-8 sequence at s[0..n), or 0

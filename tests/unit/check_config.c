@@ -31,6 +31,9 @@
 	"\"?\" of a URI with no \"user@\" before the host: libpq reads all " \
 	"before that \"@\" as the user and password, so write \"@\" in the " \
 	"parameters as %40"
+#define CONNINFO_AT_IN_HOST "postgres.conninfo: two \"@\" before the " \
+	"host's end: libpq ends the user and password at the first, and " \
+	"takes the rest for the host name, so write \"@\" in them as %40"
 #define CONNINFO_HIDDEN "postgres.conninfo: libpq cannot parse it (its " \
 	"message is not shown: it may quote the password); a value with " \
 	"spaces or quotes goes in single quotes, with \\' and \\\\ inside"
@@ -453,6 +456,12 @@ static const struct value_case {
 	    "password=" SECRET "@dor\"", "!" CONNINFO_AT_IN_QUERY },
 	{ "postgres.conninfo", "\"postgresql://h?password=a:" SECRET
 	    "@c/d\"", "!" CONNINFO_AT_IN_QUERY },
+	/* An "@" in the password: libpq takes the rest for the host name,
+	 * which connection errors print. */
+	{ "postgres.conninfo", "\"postgresql://u:" SECRET "@" SECRET "@h/x\"",
+	    "!" CONNINFO_AT_IN_HOST },
+	{ "postgres.conninfo", "\"postgresql://u:" SECRET "@" SECRET
+	    "@h?sslmode=require\"", "!" CONNINFO_AT_IN_HOST },
 	/* A "/" first ends that search; so does a "user@". */
 	{ "postgres.conninfo", "\"postgresql://h?password=" SECRET "/x@y\"",
 	    "postgres.conninfo: \"postgresql://h/?password=<set>\"" },
@@ -1252,12 +1261,6 @@ static const struct conninfo_case {
 	    "postgresql://u@h/?password=<set>" },
 	{ "postgresql://u:" SECRET "@h?password=" SECRET ":" SECRET "@x",
 	    "postgresql://u:<set>@h/?password=<set>" },
-	/* An "@" in the password: libpq takes the rest for the host, the
-	 * dump takes it for the password, up to the host's last "@". */
-	{ "postgresql://u:" SECRET "@" SECRET "@h/x",
-	    "postgresql://u:<set>@h/x" },
-	{ "postgresql://u:" SECRET "@" SECRET "@h?sslmode=require",
-	    "postgresql://u:<set>@h/?sslmode=require" },
 };
 
 /* Undoes the dump's escapes (\" \\ \xHH, a C1 control's as UTF-8) of

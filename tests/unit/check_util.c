@@ -234,8 +234,12 @@ END_TEST
 START_TEST(test_str_replace_controls)
 {
 	char s[] = "a\tb\nc\x7f d\x01";
+	char c1[] = "e\xc2\x9b" "31m f\xc2\x85g \xc2\xa0h";
 
 	ck_assert_str_eq(str_replace_controls(s, '?'), "a?b?c? d?");
+	/* C1 controls too (CSI, NEL); a no-break space is text. */
+	ck_assert_str_eq(str_replace_controls(c1, '?'),
+	    "e??31m f??g \xc2\xa0h");
 }
 END_TEST
 
