@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "backoff.h"
+#include "config.h"
 #include "util.h"
 
 #define EXIT_USAGE 2
@@ -253,6 +254,11 @@ cli_backoff(int argc, char **argv)
 		case O_MAX:
 			if (duration_parse(optarg, &p.max_ms) == -1)
 				return bad_usage("bad --max duration", optarg);
+			/* As backoff.max: a schedule no config can have
+			 * showed as if it could. */
+			if (p.max_ms > CONFIG_BACKOFF_MAX_MS)
+				return bad_usage("--max is backoff.max, at "
+				    "most 30d", optarg);
 			break;
 		case O_ATTEMPTS:
 			if (parse_u64(optarg, &u) == -1 || u < 1 ||

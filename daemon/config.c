@@ -186,7 +186,7 @@ const struct key cfg_keys[] = {
 	  .fmin = 0, .fmax = 1 },
 	{ .name = "backoff.max", .type = T_DURATION, .flags = F_RELOAD,
 	  .off = OFF(relay.backoff.max_ms), .def = "1h", .min = MS(1),
-	  .max = DAY(30) },
+	  .max = CONFIG_BACKOFF_MAX_MS },
 
 	{ .name = "reconnect.strategy", .type = T_ENUM, .flags = F_RELOAD,
 	  .off = OFF(relay.reconnect.strategy), .def = "exponential",

@@ -20,6 +20,8 @@
 
 /* The longest relay.retention, and `outboxd purge --older-than`. */
 #define CONFIG_RETENTION_MAX_MS ((int64_t)3650 * 86400000)
+/* backoff.max's longest; `outboxd backoff --max` takes what it takes. */
+#define CONFIG_BACKOFF_MAX_MS ((int64_t)30 * 86400000)
 
 /* Where a password came from, so that dump and reload can say so.  These
  * are a variable name and a path, never the secret itself. */

@@ -292,6 +292,7 @@ static const struct {
 	{ { "--init", "10x" }, "bad --init duration: '10x'" },
 	{ { "--init", "-1s" }, "bad --init duration: '-1s'" },
 	{ { "--max", "soon" }, "bad --max duration: 'soon'" },
+	{ { "--max", "31d" }, "--max is backoff.max, at most 30d: '31d'" },
 	{ { "--factor", "two" }, "bad --factor: 'two'" },
 	{ { "--factor", "0.5" }, "factor must be a finite number of at "
 	  "least 1" },
