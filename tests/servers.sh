@@ -46,17 +46,18 @@ port_in_use() {
 	ss -Htln "sport = :$1" 2>/dev/null | grep -q .
 }
 
-# A free TCP port in 20000-29999 that is not already handed out in this
-# DIR.  rabbitmqctl takes 35672-35682 for itself, so stay clear of it.
+# Sets the variable named $1 to a free TCP port in 20000-29999 that is
+# not already handed out in this DIR.  rabbitmqctl takes 35672-35682 for
+# itself, so stay clear of it.  Not $(pick_port): PORTS_TAKEN, set in
+# that subshell, was lost, and two servers could draw the same port.
 pick_port() {
-	local p taken
-	taken=" ${PORTS_TAKEN:-} "
+	local p
 	for _ in $(seq 1 200); do
 		p=$((20000 + RANDOM % 10000))
-		case "$taken" in *" $p "*) continue ;; esac
+		case " ${PORTS_TAKEN:-} " in *" $p "*) continue ;; esac
 		port_in_use "$p" && continue
 		PORTS_TAKEN="${PORTS_TAKEN:-} $p"
-		echo "$p"
+		printf -v "$1" '%s' "$p"
 		return 0
 	done
 	die "no free port found"
@@ -76,23 +77,36 @@ load_ports() {
 	if [ -f "$DIR/ports" ]; then
 		# shellcheck disable=SC1091
 		. "$DIR/ports"
+		epmd_port
 		if tls_on; then tls_port; fi
 		return 0
 	fi
-	PG_PORT=$(pick_port)
-	AMQP_PORT=$(pick_port)
-	AMQP_DIST_PORT=$(pick_port)
-	REDIS_PORT=$(pick_port)
-	HTTP_PORT=$(pick_port)
+	pick_port PG_PORT
+	pick_port AMQP_PORT
+	pick_port AMQP_DIST_PORT
+	pick_port REDIS_PORT
+	pick_port HTTP_PORT
+	pick_port EPMD_PORT
 	cat >"$DIR/ports" <<-EOF
 	PG_PORT=$PG_PORT
 	AMQP_PORT=$AMQP_PORT
 	AMQP_DIST_PORT=$AMQP_DIST_PORT
 	REDIS_PORT=$REDIS_PORT
 	HTTP_PORT=$HTTP_PORT
+	EPMD_PORT=$EPMD_PORT
 	EOF
 	if tls_on; then tls_port; fi
 	return 0
+}
+
+# RabbitMQ's name server (epmd) gets a port of the DIR's too: on the
+# default 4369 it was shared with any system RabbitMQ, listened on every
+# address, and outlived `stop`.  A DIR made before it has none: add one.
+epmd_port() {
+	[ -n "${EPMD_PORT:-}" ] && return 0
+	PORTS_TAKEN=" $PG_PORT $AMQP_PORT $AMQP_DIST_PORT $REDIS_PORT $HTTP_PORT ${AMQPS_PORT:-}"
+	pick_port EPMD_PORT
+	echo "EPMD_PORT=$EPMD_PORT" >>"$DIR/ports"
 }
 
 write_env() {
@@ -104,6 +118,7 @@ write_env() {
 	export OUTBOXD_PG_CONNINFO='host=127.0.0.1 port=$PG_PORT dbname=outbox user=postgres'
 	export OUTBOXD_AMQP_PORT=$AMQP_PORT
 	export OUTBOXD_RABBIT_NODE='$node'
+	export OUTBOXD_EPMD_PORT=$EPMD_PORT ERL_EPMD_PORT=$EPMD_PORT
 	export OUTBOXD_REDIS_PORT=$REDIS_PORT
 	export OUTBOXD_HTTP_PORT=$HTTP_PORT
 	export PGHOST=127.0.0.1 PGPORT=$PG_PORT PGUSER=postgres PGDATABASE=outbox
@@ -137,8 +152,8 @@ tls_on() {
 # An amqps port, picked once and kept in DIR/ports like the others.
 tls_port() {
 	[ -n "${AMQPS_PORT:-}" ] && return 0
-	PORTS_TAKEN=" $PG_PORT $AMQP_PORT $AMQP_DIST_PORT $REDIS_PORT $HTTP_PORT"
-	AMQPS_PORT=$(pick_port)
+	PORTS_TAKEN=" $PG_PORT $AMQP_PORT $AMQP_DIST_PORT $REDIS_PORT $HTTP_PORT $EPMD_PORT"
+	pick_port AMQPS_PORT
 	echo "AMQPS_PORT=$AMQPS_PORT" >>"$DIR/ports"
 }
 
@@ -307,16 +322,23 @@ start_pg() {
 	if tls_on && tls_pg_conf "$data" && pg_ready; then
 		as_pg "$PG_BIN/pg_ctl" -D "$data" reload >/dev/null
 	fi
-	pg_ready && { note "postgres already running on $PG_PORT"; return; }
-	as_pg setsid "$PG_BIN/pg_ctl" -D "$data" -o "-p $PG_PORT" \
-		-l "$DIR/pg/postgres.log" -w -t "$DEADLINE_S" start >/dev/null ||
-		{ tail -20 "$DIR/pg/postgres.log" >&2; die "postgres did not start"; }
-	wait_for "postgres" pg_ready
+	if pg_ready; then
+		note "postgres already running on $PG_PORT"
+	else
+		as_pg setsid "$PG_BIN/pg_ctl" -D "$data" -o "-p $PG_PORT" \
+			-l "$DIR/pg/postgres.log" -w -t "$DEADLINE_S" start \
+			>/dev/null || { tail -20 "$DIR/pg/postgres.log" >&2
+			die "postgres did not start"; }
+		wait_for "postgres" pg_ready
+		note "postgres ready on 127.0.0.1:$PG_PORT"
+	fi
+	# Running already, too: a first start cut short between the server
+	# and this left it without the database, and every later start
+	# said "already running" and went on without one.
 	if ! "$PG_BIN/psql" -h 127.0.0.1 -p "$PG_PORT" -U postgres -d postgres \
 		-tAc "SELECT 1 FROM pg_database WHERE datname='outbox'" | grep -q 1; then
 		"$PG_BIN/createdb" -h 127.0.0.1 -p "$PG_PORT" -U postgres outbox
 	fi
-	note "postgres ready on 127.0.0.1:$PG_PORT"
 }
 
 stop_pg() {
@@ -352,6 +374,7 @@ rabbit_env() {
 	export RABBITMQ_PID_FILE="$DIR/rabbitmq/rabbitmq.pid"
 	export RABBITMQ_CONFIG_FILE="$DIR/rabbitmq/rabbitmq"
 	export RABBITMQ_ADVANCED_CONFIG_FILE="$DIR/rabbitmq/advanced.config"
+	export ERL_EPMD_PORT=$EPMD_PORT ERL_EPMD_ADDRESS=127.0.0.1
 }
 
 rabbitctl() {
@@ -420,6 +443,9 @@ stop_rabbitmq() {
 	[ -d "$DIR/rabbitmq" ] || return 0
 	rabbit_env
 	rabbitctl shutdown >/dev/null 2>&1 || kill_rabbitmq
+	# The node's epmd, started by the node; a crash (kill) leaves it for
+	# the restart.
+	epmd -port "$EPMD_PORT" -kill >/dev/null 2>&1 || true
 }
 
 kill_rabbitmq() {

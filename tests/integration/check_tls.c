@@ -238,9 +238,10 @@ START_TEST(test_tls_delivery)
 	struct tl_amqp *a = tl_amqp_open();
 	unsigned *counts;
 	char rabbit[2048], out[4096], err[1024], ctl[600], home[600];
+	char epmd[64];
 	const char *bin = getenv("RABBIT_BIN");
-	const char *argv[] = { "/usr/bin/env", home, ctl, "-n", node, "-q",
-		"list_connections", "ssl", "peer_cert_subject", NULL };
+	const char *argv[] = { "/usr/bin/env", home, epmd, ctl, "-n", node,
+		"-q", "list_connections", "ssl", "peer_cert_subject", NULL };
 	long long last, first;
 	size_t got;
 	pid_t pid;
@@ -271,6 +272,8 @@ START_TEST(test_tls_delivery)
 	    "JOIN pg_stat_activity a USING (pid) WHERE a.application_name = "
 	    "'outboxd-delivery' AND NOT s.ssl"), 0);
 	snprintf(home, sizeof(home), "HOME=%s/rabbitmq", dir);
+	/* This node's own name server (tests/servers.sh). */
+	snprintf(epmd, sizeof(epmd), "ERL_EPMD_PORT=%d", port_of("EPMD_PORT"));
 	snprintf(ctl, sizeof(ctl), "%s/rabbitmqctl",
 	    bin != NULL ? bin : "/usr/lib/rabbitmq/bin");
 	ck_assert_int_eq(tl_run(argv, out, sizeof(out), err, sizeof(err),
