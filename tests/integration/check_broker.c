@@ -226,7 +226,7 @@ servers(const char *cmd)
 	const char *src = getenv("OUTBOXD_SRCDIR");
 	char line[1024];
 
-	strfmt(line, sizeof(line), "setsid -w %s/tests/servers.sh %s %s "
+	strfmt(line, sizeof(line), "setsid -w '%s/tests/servers.sh' %s '%s' "
 	    "rabbitmq >/dev/null 2>&1", src ? src : ".", cmd, servers_dir);
 	ck_assert_msg(system(line) == 0, "failed: %s", line);
 }

@@ -986,7 +986,7 @@ servers_start(const char *service, int timeout_ms)
 	const char *src = getenv("OUTBOXD_SRCDIR");
 	int rc;
 
-	snprintf(cmd, sizeof(cmd), "%s/tests/servers.sh start '%s' %s "
+	snprintf(cmd, sizeof(cmd), "'%s/tests/servers.sh' start '%s' %s "
 	    ">/dev/null 2>&1", src ? src : ".", tl_env("OUTBOXD_SERVERS_DIR"),
 	    service);
 	while ((rc = system(cmd)) != 0 && tl_ms() < deadline)

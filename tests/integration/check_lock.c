@@ -588,7 +588,7 @@ restart_shared_redis(void)
 	/* Whatever the test did, leave the shared Redis running. */
 	if (dir == NULL)
 		return;
-	snprintf(line, sizeof(line), "%s/tests/servers.sh start '%s' redis "
+	snprintf(line, sizeof(line), "'%s/tests/servers.sh' start '%s' redis "
 	    ">/dev/null 2>&1", src != NULL ? src : ".", dir);
 	if (system(line) != 0)
 		fprintf(stderr, "check_lock: could not restart redis\n");

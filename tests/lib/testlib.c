@@ -617,7 +617,7 @@ tl_servers(const char *cmd, const char *service)
 
 	/* setsid: Check kills a test's process group when the test ends,
 	 * and a server started here must outlive the test. */
-	snprintf(line, sizeof(line), "setsid -w %s/tests/servers.sh %s '%s' %s",
+	snprintf(line, sizeof(line), "setsid -w '%s/tests/servers.sh' %s '%s' %s",
 	    src ? src : ".", cmd, tl_env("OUTBOXD_SERVERS_DIR"), service);
 	ck_assert_msg(system(line) == 0, "failed: %s", line);
 }
