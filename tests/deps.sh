@@ -55,3 +55,24 @@ fi
 export DEBIAN_FRONTEND=noninteractive
 "${sudo[@]}" apt-get update -q
 "${sudo[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
+
+# Debian starts (and enables) a server package's system service when it
+# installs it.  outboxd's tests and `make run` use private servers on
+# ports of their own, so the ones installed just now are stopped: they
+# took the default ports that docker-compose publishes, and the memory
+# of a 2-core test machine.  A server that was here before is left be.
+services=()
+for p in "${missing[@]}"; do
+	case "$p" in
+	postgresql-15) services+=(postgresql) ;;
+	rabbitmq-server) services+=(rabbitmq-server) ;;
+	redis-server) services+=(redis-server) ;;
+	esac
+done
+if [ ${#services[@]} -gt 0 ] && [ -d /run/systemd/system ]; then
+	"${sudo[@]}" systemctl disable --now "${services[@]}" >/dev/null 2>&1 ||
+		true
+	echo "deps.sh: stopped and disabled the system services just" \
+		"installed (${services[*]}); outboxd's tests use private" \
+		"servers. 'systemctl enable --now NAME' brings one back." >&2
+fi
