@@ -468,6 +468,30 @@ tls_file_check(struct broker *b, const char *key, const char *path)
 	return 0;
 }
 
+/*
+ * OpenSSL asks for an encrypted key's passphrase on the terminal, with no
+ * timeout: in the foreground the connect hung there, and under systemd
+ * it failed as "not PEM".  Both PEM forms say so in clear text.
+ */
+static bool
+pem_key_encrypted(const char *path)
+{
+	char buf[16384];
+	FILE *f = fopen(path, "re");
+	size_t n;
+	bool encrypted;
+
+	if (f == NULL)
+		return false;	/* tls_file_check said why */
+	n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = '\0';
+	encrypted = strstr(buf, "-----BEGIN ENCRYPTED PRIVATE KEY-----") !=
+	    NULL || strstr(buf, "Proc-Type: 4,ENCRYPTED") != NULL;
+	explicit_bzero(buf, sizeof(buf));	/* key material */
+	return encrypted;
+}
+
 static int WARN_UNUSED
 tls_setup(struct broker *b, amqp_socket_t *sock)
 {
@@ -495,6 +519,13 @@ tls_setup(struct broker *b, amqp_socket_t *sock)
 		    c->tls_cert_file) == -1 ||
 		    tls_file_check(b, "rabbitmq.tls.key_file", key) == -1)
 			return -1;
+		if (pem_key_encrypted(key)) {
+			bk_set_err(b, "rabbitmq.tls.key_file %s: the key is "
+			    "encrypted, and outboxd cannot ask for its "
+			    "passphrase: keep it unencrypted, mode 0600 "
+			    "(openssl pkey -in KEY -out PLAIN)", key);
+			return -1;
+		}
 		if ((st = amqp_ssl_socket_set_key(sock, c->tls_cert_file,
 		    key)) != 0) {
 			bk_set_err(b, "rabbitmq.tls.cert_file %s, key_file %s: "
@@ -629,8 +660,12 @@ login(struct broker *b, int64_t deadline)
 		    (const char *)m->reply_text.bytes, m->reply_code);
 	} else if (r.reply_type == AMQP_RESPONSE_LIBRARY_EXCEPTION &&
 	    r.library_error == AMQP_STATUS_CONNECTION_CLOSED) {
+		/* Wrong credentials or vhost get a close with a reason
+		 * (login refused, above: rabbitmq-c asks for that); a bare
+		 * close is a connection limit, or a proxy with no broker. */
 		bk_set_err(b, "login failed: the broker closed the connection "
-		    "(wrong user, password or vhost?)");
+		    "without a reason (its connection limit? a proxy with no "
+		    "broker behind it?)");
 	} else if (r.reply_type == AMQP_RESPONSE_LIBRARY_EXCEPTION &&
 	    r.library_error == AMQP_STATUS_SSL_ERROR && c->tls) {
 		/* With TLS 1.3 a refused client certificate only shows

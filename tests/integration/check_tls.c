@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "testlib.h"
@@ -386,6 +387,31 @@ END_TEST
  * IP:127.0.0.1, and rabbitmq-c 0.11 compares DNS names only, so a node
  * written as 127.0.0.1 fails the check (docs/SECURITY.md).
  */
+/*
+ * An encrypted client key: OpenSSL would ask for its passphrase on the
+ * terminal, with no timeout (in the foreground the connect hung there;
+ * without a terminal it failed as "not PEM").  outboxd says what it is.
+ */
+START_TEST(test_amqp_encrypted_key)
+{
+	char rabbit[2048], key[700], in[700], err[1024];
+	const char *argv[] = { "/usr/bin/openssl", "pkey", "-in", in, "-aes256",
+		"-passout", "pass:outboxd-test", "-out", key, NULL };
+
+	snprintf(in, sizeof(in), "%s/client.key", tlsdir);
+	snprintf(key, sizeof(key), "%s/client-encrypted.key", tlsdir);
+	ck_assert_msg(tl_run(argv, NULL, 0, err, sizeof(err), 30000) == 0,
+	    "openssl: %s", err);
+	ck_assert_int_eq(chmod(key, 0600), 0);
+	snprintf(rabbit, sizeof(rabbit), "  nodes: [\"localhost:%d\"]\n"
+	    "  tls:\n    enabled: true\n    ca_file: \"%s/ca.crt\"\n"
+	    "    cert_file: \"%s/client.crt\"\n    key_file: \"%s\"\n",
+	    amqps_port, tlsdir, tlsdir, key);
+	expect_failure("amqp-encrypted-key", conninfo, rabbit,
+	    "the key is encrypted, and outboxd cannot ask for its passphrase");
+}
+END_TEST
+
 START_TEST(test_amqp_hostname_checked)
 {
 	char rabbit[2048];
@@ -412,6 +438,7 @@ tls_suite(void)
 	tcase_add_test(tc, test_amqp_plain_client);
 	tcase_add_test(tc, test_amqp_tls_on_plain_port);
 	tcase_add_test(tc, test_amqp_no_client_cert);
+	tcase_add_test(tc, test_amqp_encrypted_key);
 	tcase_add_test(tc, test_amqp_hostname_checked);
 	suite_add_tcase(s, tc);
 	return s;
