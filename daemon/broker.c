@@ -697,28 +697,45 @@ login(struct broker *b, int64_t deadline)
  * are the broker's, and the default exchange drops what it cannot
  * route, without a return as the message is not mandatory), and waits
  * for the broker's answer: the ack, or connection.blocked, which makes
- * the relay wait for the unblock before it claims anything.  Returns 0
+ * the relay wait for the unblock before it claims anything.
+ *
+ * Two probes, the second sent once the first is answered: the broker's
+ * reader sends connection.blocked and its channel the probe's ack, and
+ * either may come first.  An ack first ended the wait, the block came
+ * after, and the first batch was held (seen once in the tests as `batch
+ * left unconfirmed`).  A blocked broker reads nothing more, so the
+ * second probe is answered only when no block is on its way.  Returns 0
  * or -1 (connection lost).
  */
 #define ALARM_PROBE_KEY "amq.outboxd.alarm-probe"
+#define ALARM_PROBES 2
+
+static int WARN_UNUSED
+publish_alarm_probe(struct broker *b)
+{
+	amqp_basic_properties_t props = { ._flags = 0 };
+	int st = amqp_basic_publish(b->conn, CH_PUB, amqp_empty_bytes,
+	    amqp_cstring_bytes(ALARM_PROBE_KEY), 0, 0, &props,
+	    amqp_empty_bytes);
+
+	if (st != AMQP_STATUS_OK)
+		return bk_conn_lost(b, "publishing: %s", amqp_error_string2(st));
+	b->next_tag++;	/* the batches' windows start after it */
+	return 0;
+}
 
 static int WARN_UNUSED
 ask_for_alarms(struct broker *b, int64_t deadline)
 {
-	amqp_basic_properties_t props = { ._flags = 0 };
-	bool answered = false;
-	int st;
+	int answered = 0, st;
 
-	st = amqp_basic_publish(b->conn, CH_PUB, amqp_empty_bytes,
-	    amqp_cstring_bytes(ALARM_PROBE_KEY), 0, 0, &props,
-	    amqp_empty_bytes);
-	if (st != AMQP_STATUS_OK)
-		return bk_conn_lost(b, "publishing: %s", amqp_error_string2(st));
-	b->next_tag++;	/* the batches' windows start after it */
-	while (!answered && b->blocked_since_ms == 0) {
+	if (publish_alarm_probe(b) == -1)
+		return -1;
+	while (b->blocked_since_ms == 0) {
 		struct timeval tv = bk_ms_to_tv(deadline - now_mono_ms());
 		amqp_frame_t f;
 		const amqp_method_t *m = &f.payload.method;
+		bool answer = false;
 		int rc = 0;
 
 		st = amqp_simple_wait_frame_noblock(b->conn, &f, &tv);
@@ -740,20 +757,25 @@ ask_for_alarms(struct broker *b, int64_t deadline)
 			rc = bk_channel_close_ok(b, f.channel);
 			if (rc == 0 && f.channel == CH_PUB) {
 				/* A user that may not write to the default
-				 * exchange: the broker read the publish, so
-				 * it does not block us. */
+				 * exchange: the broker read the publish,
+				 * which answers as well as an ack. */
 				log_debug("alarm probe refused: the broker "
 				    "reads us", "node=%s code=%u", b->node,
 				    code);
-				return bk_ensure_channels(b, deadline);
+				rc = bk_ensure_channels(b, deadline);
+				answer = true;
 			}
 		} else if (f.channel == CH_PUB) {
-			answered = m->id == AMQP_BASIC_ACK_METHOD ||
+			answer = m->id == AMQP_BASIC_ACK_METHOD ||
 			    m->id == AMQP_BASIC_NACK_METHOD;
 		}
+		amqp_maybe_release_buffers_on_channel(b->conn, f.channel);
 		if (rc == -1)
 			return -1;
-		amqp_maybe_release_buffers_on_channel(b->conn, f.channel);
+		if (answer && ++answered == ALARM_PROBES)
+			break;
+		if (answer && publish_alarm_probe(b) == -1)
+			return -1;
 	}
 	return 0;
 }

@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""A scripted AMQP 0-9-1 peer for the broker suite: it says what a real
+RabbitMQ says only by chance, on purpose and every time.
+
+    fake_amqp.py PORT MODE
+
+MODE ack-then-block: the first publish is acked at once, and 50 ms later
+the connection is blocked (connection.blocked, as under a memory alarm),
+after which nothing more is read.  RabbitMQ's reader sends the block and
+its channel the ack; either may come first.
+
+It prints "ready" once it listens, and serves until killed.
+"""
+import socket
+import struct
+import sys
+import threading
+import time
+
+
+def frame(kind, channel, payload):
+    return struct.pack(">BHI", kind, channel, len(payload)) + payload + b"\xce"
+
+
+def method(channel, cls, mid, args=b""):
+    return frame(1, channel, struct.pack(">HH", cls, mid) + args)
+
+
+def longstr(b):
+    return struct.pack(">I", len(b)) + b
+
+
+def shortstr(b):
+    return struct.pack(">B", len(b)) + b
+
+
+def recv_exactly(sock, n):
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise EOFError
+        data += chunk
+    return data
+
+
+def read_frame(sock):
+    kind, channel, size = struct.unpack(">BHI", recv_exactly(sock, 7))
+    payload = recv_exactly(sock, size)
+    recv_exactly(sock, 1)
+    return kind, channel, payload
+
+
+def serve(sock, mode):
+    tags = {}
+    try:
+        recv_exactly(sock, 8)  # protocol header
+        sock.sendall(method(0, 10, 10, b"\x00\x09" + struct.pack(">I", 0) +
+                            longstr(b"PLAIN") + longstr(b"en_US")))
+        while True:
+            kind, channel, payload = read_frame(sock)
+            if kind != 1:
+                continue
+            cls, mid = struct.unpack(">HH", payload[:4])
+            if (cls, mid) == (10, 11):      # start-ok -> tune
+                sock.sendall(method(0, 10, 30,
+                                    struct.pack(">HIH", 2047, 131072, 0)))
+            elif (cls, mid) == (10, 40):    # open -> open-ok
+                sock.sendall(method(0, 10, 41, shortstr(b"")))
+            elif (cls, mid) == (20, 10):    # channel.open -> open-ok
+                sock.sendall(method(channel, 20, 11, longstr(b"")))
+            elif (cls, mid) == (85, 10):    # confirm.select -> select-ok
+                sock.sendall(method(channel, 85, 11))
+                tags[channel] = 0
+            elif (cls, mid) == (60, 40):    # basic.publish
+                tags[channel] = tags.get(channel, 0) + 1
+                if mode == "ack-then-block":
+                    sock.sendall(method(channel, 60, 80,
+                                        struct.pack(">QB", tags[channel], 0)))
+                    time.sleep(0.05)
+                    sock.sendall(method(0, 10, 60,
+                                        shortstr(b"low on memory")))
+                    time.sleep(3600)        # blocked: reads nothing more
+            elif (cls, mid) == (10, 50):    # close -> close-ok
+                sock.sendall(method(0, 10, 51))
+    except (EOFError, OSError):
+        pass
+    finally:
+        sock.close()
+
+
+def main():
+    port, mode = int(sys.argv[1]), sys.argv[2]
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", port))
+    listener.listen(8)
+    print("ready", flush=True)
+    while True:
+        conn, _ = listener.accept()
+        threading.Thread(target=serve, args=(conn, mode), daemon=True).start()
+
+
+if __name__ == "__main__":
+    main()
