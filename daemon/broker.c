@@ -851,9 +851,14 @@ broker_disconnect(struct broker *b)
 		return;
 	/* A polite close lets the broker log a clean goodbye; if the
 	 * connection is already broken this fails fast, and either way
-	 * everything is freed below. */
-	(void)amqp_set_rpc_timeout(b->conn, &tv);
-	(void)amqp_connection_close(b->conn, AMQP_REPLY_SUCCESS);
+	 * everything is freed below.  Not while the broker blocks us: it
+	 * reads nothing, so the close waited out CLOSE_TIMEOUT_MS for a
+	 * close-ok that could not come (each relay, at every stop under
+	 * an alarm), or for good on a full send buffer. */
+	if (b->blocked_since_ms == 0) {
+		(void)amqp_set_rpc_timeout(b->conn, &tv);
+		(void)amqp_connection_close(b->conn, AMQP_REPLY_SUCCESS);
+	}
 	bk_drop(b);
 }
 
