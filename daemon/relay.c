@@ -1033,9 +1033,6 @@ connections_up(struct relay *r, int64_t max_wait_ms)
 	    ensure_broker(r);
 	int64_t retry_at = INT64_MAX, wait;
 
-	if (!(store_up && broker_up) && woken(r))
-		return false;
-
 	if (store_up && broker_up)
 		return true;
 	if (!store_up)
