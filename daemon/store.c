@@ -418,6 +418,14 @@ store_connect(struct store *s)
 	    SERVER_KEEPALIVES_SQL "; SET tcp_user_timeout = "
 	    PG_USER_TIMEOUT_MS : SERVER_KEEPALIVES_SQL) == -1)
 		goto fail;
+	/* The claim's FOR UPDATE SKIP LOCKED and the marks are written for
+	 * READ COMMITTED.  Under a database or role default of REPEATABLE
+	 * READ or SERIALIZABLE a claim that met a row marked since its
+	 * snapshot failed (40001), and marks failed at COMMIT after their
+	 * batch was published, which was then sent again. */
+	if (exec_command(s, "SET default_transaction_isolation = "
+	    "'read committed'") == -1)
+		goto fail;
 	if (s->conf.idle_in_transaction_timeout_ms > 0) {
 		char set[96];
 
@@ -1662,13 +1670,18 @@ store_sweep_exhausted(struct store *s, int64_t *n)
  * the rows are found by primary key whatever the planner guesses the
  * chunk to be (a semi-join may scan the table).  The leader suite checks
  * the plan and the reads.  The content rows go with their rows (ON
- * DELETE CASCADE). */
+ * DELETE CASCADE).  A row locked by someone else (an open psql
+ * transaction, a referencing insert's FOR KEY SHARE) is skipped, as in
+ * the sweep: waiting for it held the leader's main loop for lock_timeout
+ * at every pass, purged nothing while the lock lasted (the oldest row
+ * is in every chunk), and with no lock_timeout held the loop for good;
+ * the lock also rechecks the row is still sent. */
 #define PURGE_SENT_SQL \
 	"DELETE FROM t_transactional_message" \
 	" WHERE id = ANY (ARRAY(SELECT id FROM t_transactional_message" \
 	"  WHERE message_status = 1" \
 	"  AND edit_time < now() - $1::int8 * interval '1 millisecond'" \
-	"  ORDER BY edit_time LIMIT $2::int4))"
+	"  ORDER BY edit_time LIMIT $2::int4 FOR UPDATE SKIP LOCKED))"
 
 int
 store_purge_sent(struct store *s, int64_t older_than_ms, int chunk,

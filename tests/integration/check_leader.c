@@ -1859,6 +1859,80 @@ START_TEST(test_purge_reads_only_what_it_deletes)
 }
 END_TEST
 
+/*
+ * A sent row that another transaction holds locked is skipped, and the
+ * rest of the chunk goes.  The purge waited for it for lock_timeout (the
+ * leader's main loop with it), failed, and purged nothing while the lock
+ * lasted: the oldest row is in every chunk.
+ */
+START_TEST(test_purge_skips_a_locked_row)
+{
+	struct store_conf conf = { .conninfo =
+		(char *)tl_env("OUTBOXD_PG_CONNINFO"),
+		.connect_timeout_ms = 5000, .application_name = "purge-locked",
+		.index_plans = true, .lock_timeout_ms = 2000 };
+	struct store *s = store_new(&conf);
+	PGconn *locker = tl_pg();
+	long long oldest;
+	int64_t n, t0, took;
+	int rc;
+
+	tl_sql(db, "INSERT INTO t_transactional_message (queue_name,"
+	    " message_status, next_schedule_time, edit_time)"
+	    " SELECT 'leader.locked', 1, NULL, now() - interval '8 days'"
+	    " - g * interval '1 minute' FROM generate_series(1, 3) g");
+	oldest = tl_sql_int(db, "SELECT id FROM t_transactional_message"
+	    " ORDER BY edit_time LIMIT 1");
+	tl_sql(locker, "BEGIN");
+	tl_sql(locker, "SELECT 1 FROM t_transactional_message WHERE id = %lld"
+	    " FOR UPDATE", oldest);
+	ck_assert_msg(store_connect(s) == 0, "connect: %s", store_error(s));
+	t0 = tl_ms();
+	rc = store_purge_sent(s, 7LL * 86400000, 1000, &n);
+	took = tl_ms() - t0;
+	ck_assert_msg(rc == 0, "purge: %s (after %lld ms)", store_error(s),
+	    (long long)took);
+	ck_assert_int_eq(n, 2);
+	ck_assert_int_lt(took, 1000);
+	ck_assert_int_eq(tl_sql_int(db, "SELECT count(*) FROM"
+	    " t_transactional_message WHERE id = %lld", oldest), 1);
+	tl_sql(locker, "COMMIT");
+	ck_assert_int_eq(store_purge_sent(s, 7LL * 86400000, 1000, &n), 0);
+	ck_assert_int_eq(n, 1);
+	PQfinish(locker);
+	store_free(s);
+}
+END_TEST
+
+/*
+ * outboxd's sessions are READ COMMITTED whatever the database or role
+ * says: under SERIALIZABLE or REPEATABLE READ claims failed on rows
+ * marked since their snapshot, and marks at COMMIT, their batch sent
+ * again.
+ */
+START_TEST(test_sessions_read_committed)
+{
+	struct store_conf conf = { .conninfo =
+		(char *)tl_env("OUTBOXD_PG_CONNINFO"),
+		.connect_timeout_ms = 5000, .application_name = "isolation" };
+	struct store *s = store_new(&conf);
+	char level[64] = "";
+	int rc;
+
+	tl_sql(db, "ALTER DATABASE outbox SET default_transaction_isolation"
+	    " = 'serializable'");
+	rc = store_connect(s);
+	if (rc == 0)
+		rc = store_setting(s, "transaction_isolation", level,
+		    sizeof(level));
+	/* Before asserting: the suites that follow share the database. */
+	tl_sql(db, "ALTER DATABASE outbox RESET default_transaction_isolation");
+	ck_assert_msg(rc == 0, "%s", store_error(s));
+	ck_assert_str_eq(level, "read committed");
+	store_free(s);
+}
+END_TEST
+
 /* --- server address forms ------------------------------------------------ */
 
 /* Enqueues n rows for queue, runs an instance until all arrived.  The
@@ -2005,6 +2079,8 @@ main(void)
 	add(s, "next_due", test_next_due_with_null_and_infinite_schedules);
 	add(s, "retention", test_retention_purges_old_sent_rows);
 	add(s, "purge_reads", test_purge_reads_only_what_it_deletes);
+	add(s, "purge_locked", test_purge_skips_a_locked_row);
+	add(s, "read_committed", test_sessions_read_committed);
 	add(s, "rabbitmq_nodes", test_rabbitmq_node_list_skips_dead_node);
 	add(s, "postgres_multi_host", test_postgres_multi_host_conninfo);
 	add(s, "quorum_queue", test_quorum_queue);
