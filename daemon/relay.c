@@ -400,6 +400,11 @@ cycle_failed(struct relay *r, struct store *failed)
 		    "error=%s", log_quote((char[600]){ 0 }, 600,
 		    store_error(failed)));
 		drop_sessions(r);
+	} else if (failed != NULL && store_statements_stale(failed)) {
+		log_error("postgres statements stale", "reconnect=true "
+		    "error=%s", log_quote((char[600]){ 0 }, 600,
+		    store_error(failed)));
+		drop_sessions(r);
 	}
 	/* A session that died is the reconnect's to report ("postgres
 	 * unavailable"), not /healthz's "failing", which sent the operator

@@ -53,7 +53,7 @@
  * check looks at columns and types only) is the column's default.
  * The id and the factor are cast to the widths they are read at: an
  * older table's integer id or real factor was read as 8 bytes, so the
- * row was published under a wrong message_id and never marked.
+ * row was published under a wrong message_id and never marked. 
  *
  * Memory: a content longer than $3 (rabbitmq.max_payload, which refuses
  * it unsent) is not fetched, only its length (octet_length reads the
@@ -1332,6 +1332,15 @@ bool
 store_session_read_only(const struct store *s)
 {
 	return strcmp(s->sqlstate, "25006") == 0;
+}
+
+bool
+store_statements_stale(const struct store *s)
+{
+	/* 0A000: "cached plan must not change result type"; 26000: the
+	 * statement is gone (DEALLOCATE ALL, DISCARD ALL). */
+	return strcmp(s->sqlstate, "0A000") == 0 ||
+	    strcmp(s->sqlstate, "26000") == 0;
 }
 
 bool

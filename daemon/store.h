@@ -171,6 +171,11 @@ bool store_sqlstate_row_specific(const char *sqlstate);
  * 25006): its server became a standby, or was made read-only, after the
  * session began.  Only a new session can go on, maybe on another host. */
 bool store_session_read_only(const struct store *);
+/* The last statement failed because the session's prepared statements
+ * no longer fit: a column the claim returns changed type (ALTER TABLE),
+ * or they were deallocated.  They are prepared once per session, so
+ * every claim failed the same way until a new session. */
+bool store_statements_stale(const struct store *);
 /* The last statement failed for want of a privilege (SQLSTATE 42501):
  * the role lacks a grant that examples/roles.sql gives. */
 bool store_permission_denied(const struct store *);

@@ -1363,6 +1363,35 @@ END_TEST
 /* --- passwords rotated -------------------------------------------------- */
 
 
+/*
+ * A column the claim returns changes type while outboxd runs (ALTER
+ * TABLE): PostgreSQL refuses the session's prepared claim ("cached plan
+ * must not change result type"), and every claim failed so until a
+ * restart.  The session is now renewed, and the rows go on.
+ */
+START_TEST(test_claim_after_a_column_changes_type)
+{
+	char *log;
+	pid_t pid;
+
+	pid = start_with_queue("dmn.retype", "redis.key: \"dmn:leader:retype\"\n");
+	log = log_of(pid);
+	ck_assert(wait_log(log, "msg=\"outboxd ready\"", 1, 30000));
+	enqueue("dmn.retype", 1);
+	ck_assert_int_eq(tl_wait_sql_int(db, 1, 20000, COUNT_STATUS(1)), 1);
+	tl_sql(db, "ALTER TABLE t_transactional_message ALTER COLUMN"
+	    " content_type TYPE text");
+	enqueue("dmn.retype", 5);
+	ck_assert_int_eq(tl_wait_sql_int(db, 6, 20000, COUNT_STATUS(1)), 6);
+	ck_assert_int_ge(log_count(log, "msg=\"postgres statements stale\""),
+	    1);
+	ck_assert_int_eq(tl_outboxd_stop(pid, 25000), 0);
+	tl_sql(db, "ALTER TABLE t_transactional_message ALTER COLUMN"
+	    " content_type TYPE varchar(255)");
+	free(log);
+}
+END_TEST
+
 START_TEST(test_check_config_and_usage)
 {
 	char good[512], bad[600], shown[600], out[8192], err[8192], want[700];
@@ -3228,6 +3257,7 @@ main(void)
 	tcase_add_test(tc, test_frozen_broker_bounds_a_large_batch);
 	tcase_add_test(tc, test_full_queue_nacks_are_retried);
 	tcase_add_test(tc, test_read_only_server);
+	tcase_add_test(tc, test_claim_after_a_column_changes_type);
 	tcase_add_test(tc, test_secrets_never_logged);
 	tcase_add_test(tc, test_password_files_read_at_each_connect);
 	tcase_add_test(tc, test_least_privileged_role);
