@@ -53,7 +53,11 @@
  * check looks at columns and types only) is the column's default.
  * The id and the factor are cast to the widths they are read at: an
  * older table's integer id or real factor was read as 8 bytes, so the
- * row was published under a wrong message_id and never marked. 
+ * row was published under a wrong message_id and never marked.  The
+ * retry counts are clamped to int4 (one less for the attempt that is
+ * added to it): an older table's bigint columns held values whose cast
+ * failed ("integer out of range"), and with it every claim, the row
+ * being due.
  *
  * Memory: a content longer than $3 (rabbitmq.max_payload, which refuses
  * it unsent) is not fetched, only its length (octet_length reads the
@@ -87,8 +91,9 @@
     " SELECT d.id::int8, d.exchange_name, d.exchange_type," \
     "  coalesce(nullif(d.routing_key, ''), d.queue_name)," \
     "  d.content_type, coalesce(d.business_module, '')," \
-    "  coalesce(d.business_key, ''), d.current_retry_times::int4," \
-    "  d.max_retry_times::int4," \
+    "  coalesce(d.business_key, ''), least(greatest(" \
+    "   d.current_retry_times, 0), 2147483646)::int4," \
+    "  least(greatest(d.max_retry_times, 0), 2147483647)::int4," \
     "  (extract(epoch FROM coalesce(d.init_backoff," \
     "   interval '10 seconds')) * 1000)::int8," \
     "  coalesce(d.backoff_factor, 2)::float8," \

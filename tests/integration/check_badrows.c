@@ -1214,6 +1214,8 @@ restore_columns(void)
 	tl_reset_db(c);
 	tl_sql(c, "ALTER TABLE t_transactional_message"
 	    " ALTER id TYPE bigint,"
+	    " ALTER current_retry_times TYPE smallint,"
+	    " ALTER max_retry_times TYPE smallint,"
 	    " ALTER backoff_factor TYPE double precision,"
 	    " ALTER init_backoff SET NOT NULL,"
 	    " ALTER backoff_factor SET NOT NULL,"
@@ -1266,6 +1268,34 @@ START_TEST(test_null_numbers)
 	assert_good_delivered();
 	drain(&id, 1, 5000, 10000);
 	ck_assert_int_eq(times_received(id), 1);
+	assert_still_serving(pid);
+	restore_columns();
+}
+END_TEST
+
+/*
+ * Wider columns in an older table: bigint retry counts, with values that
+ * do not fit int4 ("retry for ever").  Their casts in the claim failed
+ * ("integer out of range"), and with them every claim: nothing was sent
+ * at all.  They are clamped now; the row fails on its own (an unknown
+ * exchange) and is retried on its backoff.
+ */
+START_TEST(test_wide_retry_counts)
+{
+	char sql[512];
+	pid_t pid;
+
+	tl_sql(db, "ALTER TABLE t_transactional_message"
+	    " ALTER current_retry_times TYPE bigint,"
+	    " ALTER max_retry_times TYPE bigint");
+	snprintf(sql, sizeof(sql), "SELECT outbox_enqueue("
+	    "'badrows.none.%s', 'k', 'x', business_key => 'wide', "
+	    "init_backoff => '1s'); UPDATE t_transactional_message SET "
+	    "max_retry_times = 3000000000 WHERE business_key = 'wide'", uniq);
+	pid = start_with(BASE_YAML, sql);
+	assert_row("wide", 2, 1, "NOT_FOUND");
+	ck_assert_int_eq(scheduled_delay_ms("wide"), 1000);
+	assert_good_delivered();
 	assert_still_serving(pid);
 	restore_columns();
 }
@@ -1347,6 +1377,7 @@ main(void)
 	tcase_add_test(tc, test_infinite_create_time);
 	tcase_add_test(tc, test_null_numbers);
 	tcase_add_test(tc, test_narrow_id_and_factor);
+	tcase_add_test(tc, test_wide_retry_counts);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
