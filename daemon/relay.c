@@ -1034,8 +1034,8 @@ connections_up(struct relay *r, int64_t max_wait_ms)
 	 * not after a stop that came during the first connect: the second
 	 * could take rabbitmq.connect_timeout per node. */
 	bool store_up = ensure_store(r);
-	bool broker_up = woken(r) ? broker_connected(r->broker) :
-	    ensure_broker(r);
+	bool broker_up = broker_connected(r->broker) ||
+	    (!woken(r) && ensure_broker(r));
 	int64_t retry_at = INT64_MAX, wait;
 
 	if (store_up && broker_up)
