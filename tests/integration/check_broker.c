@@ -13,7 +13,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -1146,17 +1145,13 @@ START_TEST(test_block_after_the_probe_ack)
 	char script[600], port_arg[16];
 	int port = tl_free_port();
 	int64_t deadline = now_mono_ms() + WAIT_MS, t0;
-	pid_t fake, parent = getpid();
+	pid_t fake;
 
 	snprintf(script, sizeof(script), "%s/tests/integration/fake_amqp.py",
 	    src != NULL ? src : ".");
 	snprintf(port_arg, sizeof(port_arg), "%d", port);
-	fake = fork();
-	ck_assert_int_ge(fake, 0);
+	fake = tl_fork_bound();
 	if (fake == 0) {
-		prctl(PR_SET_PDEATHSIG, SIGKILL);
-		if (getppid() != parent)
-			_exit(127);
 		execlp("python3", "python3", script, port_arg,
 		    "ack-then-block", (char *)NULL);
 		_exit(127);

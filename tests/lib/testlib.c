@@ -486,6 +486,21 @@ claim_slot(void)
 	return -1;
 }
 
+pid_t
+tl_fork_bound(void)
+{
+	pid_t parent = getpid(), pid = fork();
+
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		/* The parent may be gone already. */
+		if (getppid() != parent)
+			_exit(127);
+	}
+	return pid;
+}
+
 /*
  * Forks `outboxd -c cfg run` with stdout and stderr in logpath and
  * records it in children[slot].  The daemon is killed when the test's
@@ -496,16 +511,11 @@ static pid_t
 spawn_outboxd(int slot, const char *cfg, const char *logpath)
 {
 	const char *bin = tl_env("OUTBOXD_BIN");
-	pid_t parent = getpid(), pid = fork();
+	pid_t pid = tl_fork_bound();
 
-	ck_assert_int_ge(pid, 0);
 	if (pid == 0) {
 		int fd = open(logpath, O_WRONLY | O_CREAT | O_TRUNC, 0644);
 
-		prctl(PR_SET_PDEATHSIG, SIGKILL);
-		/* The parent may be gone already. */
-		if (getppid() != parent)
-			_exit(127);
 		if (fd >= 0) {
 			dup2(fd, STDERR_FILENO);
 			dup2(fd, STDOUT_FILENO);
@@ -739,7 +749,7 @@ tl_run(const char *const argv[], char *out, size_t outsz, char *err,
 	int64_t deadline = tl_ms() + timeout_ms;
 	size_t olen = 0, elen = 0;
 	bool oopen = true, eopen = true;
-	pid_t pid, parent = getpid();
+	pid_t pid;
 
 	if (out != NULL && outsz > 0)
 		out[0] = '\0';
@@ -747,12 +757,8 @@ tl_run(const char *const argv[], char *out, size_t outsz, char *err,
 		err[0] = '\0';
 	ck_assert_int_eq(pipe(po), 0);
 	ck_assert_int_eq(pipe(pe), 0);
-	pid = fork();
-	ck_assert_int_ge(pid, 0);
+	pid = tl_fork_bound();
 	if (pid == 0) {
-		prctl(PR_SET_PDEATHSIG, SIGKILL);
-		if (getppid() != parent)
-			_exit(127);
 		dup2(po[1], STDOUT_FILENO);
 		dup2(pe[1], STDERR_FILENO);
 		close(po[0]);

@@ -105,6 +105,10 @@ int tl_outboxd_wait(pid_t, int timeout_ms);
 /* Waits until sig sent to pid is no longer pending (its handler has
  * run or is running); false on timeout. */
 bool tl_signal_taken(pid_t, int sig, int timeout_ms);
+/* fork(), but the child is killed when the test's process ends (and
+ * exits 127 at once if it already has): a failed test must not leave a
+ * daemon or a fake server running.  Asserts the fork worked. */
+pid_t tl_fork_bound(void);
 /* Runs argv (argv[0] a path, NULL-terminated) with stdout and stderr
  * captured into out and err (NUL-terminated, cut to fit; either may be
  * NULL).  Returns the exit status, 128 + signal, or -1 after timeout_ms
