@@ -400,6 +400,9 @@ publish_one(struct batch *bt, size_t i)
 	int st;
 
 	message_props(b, m, &props, id, sizeof(id));
+	/* Before the call: a publish that fails may have been cut by the
+	 * broker closing for this very message, which must be blamed. */
+	bt->res[i].sent = true;
 	st = amqp_basic_publish(b->conn, CH_PUB,
 	    amqp_cstring_bytes(m->exchange ? m->exchange : ""),
 	    amqp_cstring_bytes(m->routing_key ? m->routing_key : ""),
@@ -845,6 +848,7 @@ batch_start(struct batch *bt, struct broker *b,
 	for (size_t i = 0; i < n; i++) {
 		res[i].outcome = BROKER_UNKNOWN;
 		res[i].permanent = false;
+		res[i].sent = false;
 		res[i].reason[0] = '\0';
 	}
 	b->batch_seq++;

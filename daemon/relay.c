@@ -68,6 +68,8 @@ struct relay {
 	struct backoff_cursor store_retry, broker_retry;
 	int64_t store_retry_at, broker_retry_at; /* monotonic ms */
 	bool store_was_up;
+	/* When each server's connection was made; 0: it is down. */
+	int64_t store_up_ms, broker_up_ms;
 	/* Whether each server was ever connected: only a connection after
 	 * that counts as a reconnect. */
 	bool store_ever_up, broker_ever_up;
@@ -556,6 +558,7 @@ side_publish(struct relay *r, struct side *x)
 	for (size_t k = x->flight_to; k < x->nmsg; k++) {
 		x->results[k].outcome = BROKER_UNKNOWN;
 		x->results[k].permanent = false;
+		x->results[k].sent = false;
 		x->results[k].reason[0] = '\0';
 	}
 	return rc;
@@ -594,6 +597,13 @@ side_settle(struct relay *r, struct side *x, int broker_rc)
 			x->marks[i].kind = MARK_SUCCESS;
 			break;
 		case BROKER_UNKNOWN:
+			/* Never sent (the connection went, or the broker
+			 * blocked, before its turn): not a possible
+			 * duplicate, nor a loss of its own making. */
+			if (!res->sent) {
+				x->marks[i].kind = MARK_RELEASE;
+				break;
+			}
 			if (broker_rc == -1 && k >= x->flight_from &&
 			    k < x->flight_to && lost_alone(r, x, k)) {
 				char reason[300];
@@ -865,6 +875,37 @@ relay_pipeline(struct relay *r, int64_t until_ms, bool *backlog,
 }
 
 /*
+ * A connection lost within STABLE_CONNECTION_MS of being made counts as
+ * a failed connect: the next one waits with the reconnect pacing.  A
+ * broker that took each connection and dropped it at the first batch
+ * was otherwise met again at once, some 150 times a second, each time
+ * logging the loss and sending part of the batch again.  A connection
+ * that lasted means a server that works: the reconnect is immediate,
+ * and the pacing starts over.
+ */
+#define STABLE_CONNECTION_MS 10000
+
+static void
+pace_after_loss(struct backoff_cursor *retry, int64_t *retry_at,
+    int64_t *up_ms, struct log_limit *log, const char *server)
+{
+	int64_t now = now_mono_ms(), lasted = now - *up_ms, wait;
+
+	if (*up_ms == 0)
+		return;
+	*up_ms = 0;
+	if (lasted >= STABLE_CONNECTION_MS) {
+		backoff_cursor_reset(retry);
+		return;
+	}
+	wait = backoff_cursor_next(retry);
+	*retry_at = now + wait;
+	log_event_limited(log, LOG_WARN, "connection short-lived", "server=%s "
+	    "lasted_ms=%" PRId64 " retry_in_ms=%" PRId64, server, lasted,
+	    wait);
+}
+
+/*
  * Brings one server up if it is down and its retry time has come.
  * Returns true when it is up.
  */
@@ -882,6 +923,8 @@ ensure_store(struct relay *r)
 		log_error("postgres connection lost", "error=%s",
 		    log_quote((char[600]){ 0 }, 600, store_error(down)));
 		drop_sessions(r);
+		pace_after_loss(&r->store_retry, &r->store_retry_at,
+		    &r->store_up_ms, &r->store_log, "postgres");
 	}
 	if (now < r->store_retry_at)
 		return false;
@@ -897,7 +940,7 @@ ensure_store(struct relay *r)
 		if (r->store_ever_up)
 			metrics_inc_reconnect(METRICS_SERVER_POSTGRES);
 		r->store_ever_up = true;
-		backoff_cursor_reset(&r->store_retry);
+		r->store_up_ms = now_mono_ms();
 		log_limit_reset(&r->store_log);
 		r->store_was_up = true;
 		return true;
@@ -919,13 +962,15 @@ ensure_broker(struct relay *r)
 
 	if (broker_connected(r->broker))
 		return true;
+	pace_after_loss(&r->broker_retry, &r->broker_retry_at,
+	    &r->broker_up_ms, &r->broker_log, "rabbitmq");
 	if (now < r->broker_retry_at)
 		return false;
 	if (broker_connect(r->broker) == 0) {
 		if (r->broker_ever_up)
 			metrics_inc_reconnect(METRICS_SERVER_RABBITMQ);
 		r->broker_ever_up = true;
-		backoff_cursor_reset(&r->broker_retry);
+		r->broker_up_ms = now_mono_ms();
 		log_limit_reset(&r->broker_log);
 		return true;
 	}

@@ -18,6 +18,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <netinet/in.h>
@@ -115,6 +116,12 @@ setup(void)
 	clear_leader_keys();
 	db = tl_pg();
 	tl_reset_db(db);
+	/* Left by a test that failed before it dropped them, they would
+	 * slow or kill every mark of the tests after it. */
+	tl_sql(db, "DROP TRIGGER IF EXISTS dmn_slow_mark ON "
+	    "t_transactional_message");
+	tl_sql(db, "DROP TRIGGER IF EXISTS dmn_kill_mark ON "
+	    "t_transactional_message");
 }
 
 static void
@@ -1201,6 +1208,53 @@ START_TEST(test_frozen_broker_bounds_a_large_batch)
 	ck_assert_int_eq(tl_wait_sql_int(db, N, 60000, COUNT_STATUS(1)), N);
 	ck_assert_int_eq(tl_outboxd_stop(pid, 25000), 0);
 	free(log);
+}
+END_TEST
+
+/*
+ * The broker resets each connection at a batch's first message, with
+ * most of the batch (6.4 MB) still to send.
+ * - Only the messages that went out may have arrived: they alone are
+ *   counted as released (possible duplicates); the rest were simply not
+ *   sent yet.  Every row stays due and uncharged.
+ * - A connection that short-lived is a failed connect: the next one
+ *   waits with the reconnect pacing (a minute here).
+ * The previous code reconnected at once, every few ms, and counted
+ * every row of each batch: 994 "released" for 200 rows.
+ */
+START_TEST(test_lost_mid_send_releases_only_what_went)
+{
+	enum { N = 200 };
+	char yaml[640];
+	const char *log;
+	double released;
+	int port;
+	pid_t fake = tl_fake_amqp("reset-at-the-batch", &port), pid;
+
+	(void)enqueue_sized("dmn.midsend", N, 32 * 1024);
+	/* The next connect after a short-lived one is a minute away. */
+	snprintf(yaml, sizeof(yaml), "http.listen: \"127.0.0.1:%d\"\n"
+	    "rabbitmq.nodes: [\"127.0.0.1:%d\"]\n"
+	    "redis.key: \"dmn:leader:midsend\"\nrelay.workers: 1\n"
+	    "relay.batch_size: %d\nreconnect.strategy: fixed\n"
+	    "reconnect.jitter: none\nreconnect.init: 1m\n"
+	    "reconnect.max: 1m\n", http_port(), port, N);
+	pid = tl_outboxd_start(yaml);
+	log = tl_outboxd_log(pid);
+	ck_assert_msg(wait_log(log, "msg=\"connection short-lived\" "
+	    "server=rabbitmq", 1, 20000), "no paced loss: log %s", log);
+	ck_assert_int_eq(log_count(log, "retry_in_ms=60000"), 1);
+	ck_assert_int_eq(log_count(log, "msg=\"broker connection lost\""), 1);
+	/* Counted when the batch was settled, before the next connect. */
+	released = metric_now("outboxd_messages_released_total");
+	fprintf(stderr, "mid-send loss: %.0f of %d released\n", released, N);
+	ck_assert_msg(released >= 1 && released < N, "released %.0f of %d",
+	    released, N);
+	ck_assert_int_eq(tl_sql_int(db, COUNT_STATUS(0) " AND "
+	    "current_retry_times = 0"), N);
+	ck_assert_int_eq(tl_outboxd_stop(pid, 25000), 0);
+	kill(fake, SIGKILL);
+	ck_assert_int_eq(waitpid(fake, NULL, 0), fake);
 }
 END_TEST
 
@@ -2653,7 +2707,8 @@ START_TEST(test_stop_during_a_mark)
 	    "t_transactional_message");
 	tl_sql(db, "CREATE TRIGGER dmn_slow_mark BEFORE UPDATE ON"
 	    " t_transactional_message FOR EACH ROW WHEN"
-	    " (NEW.message_status = 1) EXECUTE FUNCTION dmn_slow_mark()");
+	    " (NEW.message_status = 1 AND NEW.routing_key = 'dmn.slowmark')"
+	    " EXECUTE FUNCTION dmn_slow_mark()");
 	pid = start_with_queue("dmn.slowmark", "relay.poll_interval: 10s\n"
 	    "redis.ttl: 30s\npostgres.application_name: \"dmn-slowmark\"\n"
 	    "redis.key: \"dmn:leader:slowmark\"\n");
@@ -2672,6 +2727,53 @@ START_TEST(test_stop_during_a_mark)
 	tl_sql(db, "DROP TRIGGER dmn_slow_mark ON t_transactional_message");
 	tl_sql(db, "DROP FUNCTION dmn_slow_mark()");
 	ck_assert_int_lt(took, 1000);
+	free(log);
+}
+END_TEST
+
+/*
+ * A session killed at each mark (here by a trigger; a pooler or a
+ * watchdog script that ends sessions does the same) is a short-lived
+ * connection: the next connect waits with the reconnect pacing, a
+ * minute here.  The previous code reconnected at once and published the
+ * row again every few milliseconds, as fast as the broker took it.
+ */
+START_TEST(test_short_lived_sessions_are_paced)
+{
+	unsigned counts[1] = { 0 };
+	char *log;
+	long long id;
+	size_t got;
+	pid_t pid;
+
+	tl_sql(db, "CREATE OR REPLACE FUNCTION dmn_kill_mark()"
+	    " RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+	    " PERFORM pg_terminate_backend(pg_backend_pid());"
+	    " RETURN NEW; END $$");
+	tl_sql(db, "DROP TRIGGER IF EXISTS dmn_kill_mark ON "
+	    "t_transactional_message");
+	tl_sql(db, "CREATE TRIGGER dmn_kill_mark BEFORE UPDATE ON"
+	    " t_transactional_message FOR EACH ROW WHEN"
+	    " (NEW.message_status = 1 AND NEW.routing_key = 'dmn.killmark')"
+	    " EXECUTE FUNCTION dmn_kill_mark()");
+	id = enqueue("dmn.killmark", 1);
+	pid = start_with_queue("dmn.killmark", "relay.workers: 1\n"
+	    "redis.key: \"dmn:leader:killmark\"\n"
+	    "reconnect.strategy: fixed\nreconnect.jitter: none\n"
+	    "reconnect.init: 1m\nreconnect.max: 1m\n");
+	log = log_of(pid);
+	ck_assert_msg(wait_log(log, "msg=\"connection short-lived\" "
+	    "server=postgres", 1, 30000), "no paced loss: log %s", log);
+	tl_sql(db, "DROP TRIGGER dmn_kill_mark ON t_transactional_message");
+	tl_sql(db, "DROP FUNCTION dmn_kill_mark()");
+	ck_assert_int_eq(log_count(log, "msg=\"postgres connection lost\""),
+	    1);
+	ck_assert_int_eq(log_count(log, "retry_in_ms=60000"), 1);
+	ck_assert_int_eq(tl_sql_int(db, COUNT_STATUS(0)), 1);
+	/* Read until the queue stays quiet: one copy, not one per ms. */
+	got = receive("dmn.killmark", counts, id, 1, 2, 1000);
+	ck_assert_uint_eq(got, 1);
+	ck_assert_int_eq(tl_outboxd_stop(pid, 25000), 0);
 	free(log);
 }
 END_TEST
@@ -3247,6 +3349,7 @@ main(void)
 	tcase_add_test(tc, test_signals_reach_the_main_thread);
 	tcase_add_test(tc, test_stop_while_postgres_is_unreachable);
 	tcase_add_test(tc, test_stop_during_a_mark);
+	tcase_add_test(tc, test_short_lived_sessions_are_paced);
 	tcase_add_test(tc, test_health_reports_a_stall);
 	tcase_add_test(tc, test_lock_timeout_bounds_the_claim);
 	tcase_add_test(tc, test_prepare_cut_short_by_a_lock);
@@ -3255,6 +3358,7 @@ main(void)
 	tcase_add_test(tc, test_memory_alarm_holds_the_relay);
 	tcase_add_test(tc, test_alarm_before_connecting_holds_every_row);
 	tcase_add_test(tc, test_frozen_broker_bounds_a_large_batch);
+	tcase_add_test(tc, test_lost_mid_send_releases_only_what_went);
 	tcase_add_test(tc, test_full_queue_nacks_are_retried);
 	tcase_add_test(tc, test_read_only_server);
 	tcase_add_test(tc, test_claim_after_a_column_changes_type);

@@ -9,6 +9,11 @@ the connection is blocked (connection.blocked, as under a memory alarm),
 after which nothing more is read.  RabbitMQ's reader sends the block and
 its channel the ack; either may come first.
 
+MODE reset-at-the-batch: the two alarm probes of the connect are acked,
+and the next publish, a batch's first, resets the connection (RST) with
+the rest of the batch unread: a batch larger than the socket buffers is
+cut short mid-send.
+
 It prints "ready" once it listens, and serves until killed.
 """
 import socket
@@ -81,6 +86,13 @@ def serve(sock, mode):
                     sock.sendall(method(0, 10, 60,
                                         shortstr(b"low on memory")))
                     time.sleep(3600)        # blocked: reads nothing more
+                elif mode == "reset-at-the-batch":
+                    if tags[channel] > 2:
+                        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                        struct.pack("ii", 1, 0))
+                        return              # closed with RST by finally
+                    sock.sendall(method(channel, 60, 80,
+                                        struct.pack(">QB", tags[channel], 0)))
             elif (cls, mid) == (10, 50):    # close -> close-ok
                 sock.sendall(method(0, 10, 51))
     except (EOFError, OSError):

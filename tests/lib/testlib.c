@@ -1049,3 +1049,28 @@ tl_proc_kib(pid_t pid, const char *field)
 	ck_assert_msg(kib > 0, "%s: no %s", path, field);
 	return kib;
 }
+
+pid_t
+tl_fake_amqp(const char *mode, int *port)
+{
+	const char *src = getenv("OUTBOXD_SRCDIR");
+	char script[600], port_arg[16];
+	int64_t deadline = tl_ms() + 20000;
+	pid_t fake;
+
+	*port = tl_free_port();
+	snprintf(script, sizeof(script), "%s/tests/integration/fake_amqp.py",
+	    src != NULL ? src : ".");
+	snprintf(port_arg, sizeof(port_arg), "%d", *port);
+	fake = tl_fork_bound();
+	if (fake == 0) {
+		execlp("python3", "python3", script, port_arg, mode,
+		    (char *)NULL);
+		_exit(127);
+	}
+	while (!tl_port_open(*port) && tl_ms() < deadline)
+		nap_ms(20);
+	ck_assert_msg(tl_port_open(*port), "the fake broker (%s) did not "
+	    "start", script);
+	return fake;
+}

@@ -145,5 +145,9 @@ long tl_proc_kib(pid_t, const char *field);
  * for a listener a test starts, so that nothing left from an earlier
  * test or suite can hold it. */
 int tl_free_port(void);
+/* Starts tests/integration/fake_amqp.py in mode (see its header) on a
+ * free port, put in *port, and waits until it listens.  Bound to the
+ * test like tl_fork_bound(); SIGKILL and waitpid() it when done. */
+pid_t tl_fake_amqp(const char *mode, int *port);
 
 #endif
