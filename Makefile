@@ -146,7 +146,7 @@ tsan:
 	setarch "$$(uname -m)" -R env OUTBOXD_BIN=$(TSAN_B)/outboxd \
 		tests/run-unit.sh $(TSAN_UNIT) && \
 	setarch "$$(uname -m)" -R env OUTBOXD_BIN=$(TSAN_B)/outboxd \
-		tests/run-integration.sh $(TSAN_INTEG)
+		OUTBOXD_TEST_SLOWDOWN=4 tests/run-integration.sh $(TSAN_INTEG)
 
 # The unit suites, then the integration suites over the relay's memory,
 # under ASan+UBSan: the relay suite (plain and pipelined relays, workers)
@@ -171,7 +171,7 @@ VG_INTEG := $(B)/tests/integration/check_relay \
 	$(B)/tests/integration/check_badrows $(B)/tests/integration/check_daemon
 valgrind-integration: $(B)/outboxd $(VG_INTEG)
 	@OUTBOXD_REAL_BIN=$(abspath $(B)/outboxd) \
-		OUTBOXD_BIN=tests/valgrind-outboxd.sh \
+		OUTBOXD_BIN=tests/valgrind-outboxd.sh OUTBOXD_TEST_SLOWDOWN=10 \
 		tests/run-integration.sh $(VG_INTEG)
 
 # Two static analyzers, GCC's (-fanalyzer) and clang's (--analyze), over

@@ -8,10 +8,13 @@ set -uo pipefail
 outdir=$(mktemp -d "${TMPDIR:-/tmp}/outboxd-unit.XXXXXX")
 trap 'rm -rf "$outdir"' EXIT
 
+# A hung suite fails alone instead of running into CI's own limit:
+# without fork (valgrind) Check's per-test timeouts do not apply.
 run() {
 	local name=$1
 	shift
-	"$@" 2>&1 | tee "$outdir/$name.out" || failed+=("$name")
+	timeout "${SUITE_TIMEOUT:-900}" "$@" 2>&1 | tee "$outdir/$name.out" ||
+		failed+=("$name")
 }
 
 failed=()

@@ -1237,6 +1237,15 @@ START_TEST(test_broker_killed)
 }
 END_TEST
 
+/* A test that failed while RabbitMQ was frozen left it so: the next
+ * test, and the suites after this one, start from a broker that
+ * answers. */
+static void
+thaw_broker(void)
+{
+	tl_rabbitmq_freeze(false);
+}
+
 static Suite *
 broker_suite(void)
 {
@@ -1270,6 +1279,8 @@ broker_suite(void)
 	suite_add_tcase(s, conn);
 	/* Last: these freeze and kill the broker. */
 	tcase_set_timeout(loss, 120);
+	tcase_add_checked_fixture(loss, thaw_broker, NULL);
+	tcase_add_unchecked_fixture(loss, NULL, thaw_broker);
 	tcase_add_test(loss, test_tick_keeps_idle_connection);
 	tcase_add_test(loss, test_dead_peer_probed);
 	tcase_add_test(loss, test_confirm_timeout);

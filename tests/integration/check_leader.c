@@ -577,6 +577,12 @@ setup(void)
 		redisFree(c);
 	db = tl_pg();
 	tl_reset_db(db);
+	/* The plan tests turn autovacuum off for their run; one that failed
+	 * half-way must not leave it off for the suites after. */
+	tl_sql(db, "ALTER TABLE t_transactional_message"
+	    " RESET (autovacuum_enabled)");
+	tl_sql(db, "ALTER TABLE t_transactional_message_content"
+	    " RESET (autovacuum_enabled)");
 	snprintf(lock_key, sizeof(lock_key), "outboxd:test-leader:%d",
 	    (int)getpid());
 	lock_delete();

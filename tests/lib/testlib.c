@@ -347,8 +347,8 @@ tl_msg_free(struct tl_msg *m)
 }
 
 size_t
-tl_collect(struct tl_amqp *a, unsigned *counts, long long max_id,
-    size_t want, int idle_timeout_ms, int total_timeout_ms)
+tl_collect(struct tl_amqp *a, unsigned *counts, long long first,
+    long long n, size_t want, int idle_timeout_ms, int total_timeout_ms)
 {
 	size_t got = 0, distinct = 0;
 	int64_t deadline = tl_ms() + total_timeout_ms;
@@ -357,10 +357,9 @@ tl_collect(struct tl_amqp *a, unsigned *counts, long long max_id,
 	while (distinct < want && tl_ms() < deadline &&
 	    tl_next(a, idle_timeout_ms, &m)) {
 		got++;
-		if (m.message_id >= 0 && m.message_id < max_id) {
-			if (counts[m.message_id]++ == 0)
-				distinct++;
-		}
+		if (m.message_id >= first && m.message_id < first + n &&
+		    counts[m.message_id - first]++ == 0)
+			distinct++;
 		tl_msg_free(&m);
 	}
 	return got;
@@ -1073,4 +1072,13 @@ tl_fake_amqp(const char *mode, int *port)
 	ck_assert_msg(tl_port_open(*port), "the fake broker (%s) did not "
 	    "start", script);
 	return fake;
+}
+
+int
+tl_slowdown(void)
+{
+	const char *v = getenv("OUTBOXD_TEST_SLOWDOWN");
+	int f = v != NULL ? atoi(v) : 1;
+
+	return f > 0 ? f : 1;
 }

@@ -65,10 +65,10 @@ bool tl_next(struct tl_amqp *, int timeout_ms, struct tl_msg *);
 void tl_msg_free(struct tl_msg *);
 
 /* Receives until timeout passes with nothing new, or until `want` ids
- * have been seen; counts[id] += 1 for each id < max_id.  Returns the
- * number of deliveries. */
-size_t tl_collect(struct tl_amqp *, unsigned *counts, long long max_id,
-    size_t want, int idle_timeout_ms, int total_timeout_ms);
+ * have been seen; counts[id - first] += 1 for each id in [first,
+ * first + n).  Returns the number of deliveries. */
+size_t tl_collect(struct tl_amqp *, unsigned *counts, long long first,
+    long long n, size_t want, int idle_timeout_ms, int total_timeout_ms);
 
 /* --- outboxd and the servers -------------------------------------------- */
 /* Writes a config for the private servers plus extra YAML (whole
@@ -85,6 +85,10 @@ void tl_outboxd_kill(pid_t);
 void tl_servers(const char *cmd, const char *service);
 /* Milliseconds since the first call; for reporting. */
 int64_t tl_ms(void);
+/* How many times slower outboxd runs here than plain: upper time limits
+ * are multiplied by it.  $OUTBOXD_TEST_SLOWDOWN, set by make tsan and
+ * valgrind-integration; 1 without it. */
+int tl_slowdown(void);
 /* Whether the log of a started outboxd contains needle. */
 bool tl_log_contains(pid_t, const char *needle);
 /* Lines of the file at path holding needle, and needle2 unless NULL;
