@@ -51,14 +51,26 @@ CREATE TABLE IF NOT EXISTS t_transactional_message_content (
     content     bytea       NOT NULL
 );
 
--- The claim query walks this index in due order.  It covers unsent rows
--- only, so millions of SUCCESS rows cost polling nothing.
-CREATE INDEX IF NOT EXISTS t_transactional_message_due_idx
-    ON t_transactional_message
-    ((coalesce(next_schedule_time, '-infinity'::timestamptz)), id)
-    WHERE message_status IN (0, 2) AND NOT deleted;
-
--- Dead rows, for `outboxd dead` and the dead-rows gauge.
-CREATE INDEX IF NOT EXISTS t_transactional_message_dead_idx
-    ON t_transactional_message (id)
-    WHERE message_status = 3;
+-- The claim query walks the due index in due order.  It covers unsent
+-- rows only, so millions of SUCCESS rows cost polling nothing.  The dead
+-- index serves `outboxd dead` and the dead-rows gauge.
+--
+-- Each is built only when missing: the psql recipe runs every file again
+-- at each upgrade, and CREATE INDEX IF NOT EXISTS takes its SHARE lock
+-- before it looks, holding producers' inserts back behind any open
+-- transaction on the table.
+DO $$
+BEGIN
+    IF to_regclass('t_transactional_message_due_idx') IS NULL THEN
+        CREATE INDEX t_transactional_message_due_idx
+            ON t_transactional_message
+            ((coalesce(next_schedule_time, '-infinity'::timestamptz)), id)
+            WHERE message_status IN (0, 2) AND NOT deleted;
+    END IF;
+    IF to_regclass('t_transactional_message_dead_idx') IS NULL THEN
+        CREATE INDEX t_transactional_message_dead_idx
+            ON t_transactional_message (id)
+            WHERE message_status = 3;
+    END IF;
+END
+$$;

@@ -8,10 +8,12 @@
 
 DO $$
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_indexes
-        WHERE schemaname = current_schema()
-          AND indexname = 't_transactional_message_unsent_key_idx'
-          AND indexdef LIKE '%business_key IS NOT NULL%') THEN
+    -- Looked up as DROP INDEX finds it, through search_path: a first
+    -- schema on the path without the tables ("$user") made the index
+    -- look missing, and it was rebuilt at every run.
+    IF NOT EXISTS (SELECT 1 FROM pg_index
+        WHERE indexrelid = to_regclass('t_transactional_message_unsent_key_idx')
+          AND pg_get_indexdef(indexrelid) LIKE '%business_key IS NOT NULL%') THEN
         DROP INDEX IF EXISTS t_transactional_message_unsent_key_idx;
         CREATE INDEX t_transactional_message_unsent_key_idx
             ON t_transactional_message (business_key, id)
