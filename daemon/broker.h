@@ -81,6 +81,7 @@ enum broker_outcome {
 struct broker_result {
 	enum broker_outcome outcome;
 	bool permanent;		/* retrying can never help (e.g. too big) */
+	bool oversized;		/* permanent: the payload is too large */
 	/* outboxd began to send it in this batch: an unknown outcome is
 	 * a possible duplicate.  Never begun, it is simply still due. */
 	bool sent;

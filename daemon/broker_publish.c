@@ -255,11 +255,12 @@ too_long(const char *s)
  * Why m can never be published as it is; false when it can.  A content
  * header must fit one frame, and rabbitmq-c fails a header that does not
  * only after the method frame went out, which breaks the connection:
- * such a row would take every batch down with it.
+ * such a row would take every batch down with it.  *oversized says
+ * whether the payload is what is wrong.
  */
 static bool
 msg_invalid(const struct broker *b, const struct broker_msg *m,
-    char *reason, size_t size)
+    char *reason, size_t size, bool *oversized)
 {
 	size_t frame_max = (size_t)amqp_get_frame_max(b->conn);
 	bool long_name = too_long(m->exchange) || too_long(m->routing_key) ||
@@ -267,7 +268,9 @@ msg_invalid(const struct broker *b, const struct broker_msg *m,
 
 	for (size_t i = 0; i < m->n_headers; i++)
 		long_name = long_name || too_long(m->header_keys[i]);
-	if (b->conf.max_payload > 0 && m->body_len > b->conf.max_payload)
+	*oversized = b->conf.max_payload > 0 &&
+	    m->body_len > b->conf.max_payload;
+	if (*oversized)
 		strfmt(reason, size, BROKER_PAYLOAD_TOO_LARGE, m->body_len,
 		    b->conf.max_payload);
 	else if (long_name)
@@ -329,6 +332,7 @@ batch_prepare(struct batch *bt)
 {
 	struct broker *b = bt->b;
 	char reason[256];
+	bool oversized;
 
 	if (bk_ensure_channels(b, bt->deadline) == -1)
 		return -1;
@@ -338,8 +342,9 @@ batch_prepare(struct batch *bt)
 
 		if (b->slots[i].state != SLOT_PENDING)
 			continue;
-		if (msg_invalid(b, m, reason, sizeof(reason))) {
+		if (msg_invalid(b, m, reason, sizeof(reason), &oversized)) {
 			finish(bt, i, BROKER_REJECTED, true, reason);
+			bt->res[i].oversized = oversized;
 			continue;
 		}
 		if (b->broker_max_size > 0 &&
@@ -350,6 +355,7 @@ batch_prepare(struct batch *bt)
 			    m->body_len, b->broker_max_size);
 			/* The row can never fit as it is: permanent. */
 			finish(bt, i, BROKER_REJECTED, true, reason);
+			bt->res[i].oversized = true;
 			continue;
 		}
 		rc = exchange_usable(b, m->exchange ? m->exchange : "",
@@ -715,17 +721,17 @@ window_after_close(struct batch *bt)
 		b->broker_max_size = max_size;
 	for (size_t k = 0; k < w->len; k++) {
 		const struct broker_msg *m = &bt->msgs[w->idx[k]];
+		bool big = max_size > 0 && m->body_len > max_size;
 
 		if (b->slots[w->idx[k]].state != SLOT_SENT)
 			continue;
-		if (alone || (max_size > 0 && m->body_len > max_size) ||
-		    names_exchange(text, m->exchange)) {
+		if (alone || big || names_exchange(text, m->exchange)) {
 			if (names_exchange(text, m->exchange))
 				bk_xcache_forget(b, m->exchange);
 			/* Too big for the broker is permanent; a missing or
 			 * mistyped exchange may be fixed by an operator. */
-			finish(bt, w->idx[k], BROKER_REJECTED, max_size > 0 &&
-			    m->body_len > max_size, text);
+			finish(bt, w->idx[k], BROKER_REJECTED, big, text);
+			bt->res[w->idx[k]].oversized = big;
 			blamed = true;
 		}
 	}
@@ -848,6 +854,7 @@ batch_start(struct batch *bt, struct broker *b,
 	for (size_t i = 0; i < n; i++) {
 		res[i].outcome = BROKER_UNKNOWN;
 		res[i].permanent = false;
+		res[i].oversized = false;
 		res[i].sent = false;
 		res[i].reason[0] = '\0';
 	}

@@ -252,7 +252,10 @@ failure_reason(const struct broker_result *res)
 	case BROKER_RETURNED:
 		return METRICS_FAIL_UNROUTABLE;
 	default:
-		return res->permanent ? METRICS_FAIL_OVERSIZED :
+		/* Permanent and not too large: a name or headers that no
+		 * AMQP frame can carry. */
+		return res->oversized ? METRICS_FAIL_OVERSIZED :
+		    res->permanent ? METRICS_FAIL_BAD_ROW :
 		    METRICS_FAIL_REJECTED;
 	}
 }
@@ -558,6 +561,7 @@ side_publish(struct relay *r, struct side *x)
 	for (size_t k = x->flight_to; k < x->nmsg; k++) {
 		x->results[k].outcome = BROKER_UNKNOWN;
 		x->results[k].permanent = false;
+		x->results[k].oversized = false;
 		x->results[k].sent = false;
 		x->results[k].reason[0] = '\0';
 	}
