@@ -15,6 +15,7 @@
 
 #include <inttypes.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "log.h"
 
@@ -319,6 +320,7 @@ compensate(struct leader *l)
 	if (store_counts(l->store, false, &l->gauges.counts) == -1)
 		goto fail;
 	l->gauges.valid = true;
+	l->gauges.counted_at_s = (int64_t)time(NULL);
 	log_limit_reset(&l->compensation_log);
 	/* A purge that filled its chunks has more to do: come back soon. */
 	l->next_compensation_ms = now_mono_ms() + (purged >= PURGE_CHUNK *

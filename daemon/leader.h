@@ -23,6 +23,7 @@ enum leader_backend {
 struct leader_gauges {
 	struct store_counts counts;
 	bool valid;		/* counts were read at the last compensation */
+	int64_t counted_at_s;	/* when they were last read, epoch s; 0 never */
 };
 
 struct leader;

@@ -318,11 +318,11 @@ report_state(struct daemon *d)
 	 * shows 0, not its last count: alerts take max() over instances,
 	 * and a frozen count fired them long after a replay. */
 	if (!leader_is_leader(d->leader))
-		metrics_set_rows(0, 0, 0, 0);
+		metrics_set_rows(0, 0, 0, 0, 0);
 	else if (g->valid)
 		metrics_set_rows((uint64_t)g->counts.pending,
 		    (uint64_t)g->counts.due, (uint64_t)g->counts.dead,
-		    g->counts.oldest_due_age_s);
+		    g->counts.oldest_due_age_s, g->counted_at_s);
 	if (!pg)
 		set_health(d, false, "postgres unreachable");
 	else if (!amqp)

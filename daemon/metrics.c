@@ -35,6 +35,7 @@ struct registry {
 	uint64_t dead;
 	uint64_t released;
 	uint64_t rows_pending, rows_due, rows_dead;
+	int64_t rows_counted_at;	/* epoch s; 0 never */
 	double oldest_due_age;
 	struct histogram batch, confirm;
 	bool leader;
@@ -166,7 +167,7 @@ metrics_inc_released(uint64_t n)
 
 void
 metrics_set_rows(uint64_t pending, uint64_t due, uint64_t dead,
-    double oldest_due_age_s)
+    double oldest_due_age_s, int64_t counted_at_s)
 {
 	/* A clock step can make the age negative; show 0, not nonsense. */
 	if (!isfinite(oldest_due_age_s) || oldest_due_age_s < 0)
@@ -176,6 +177,7 @@ metrics_set_rows(uint64_t pending, uint64_t due, uint64_t dead,
 	reg.rows_due = due;
 	reg.rows_dead = dead;
 	reg.oldest_due_age = oldest_due_age_s;
+	reg.rows_counted_at = counted_at_s > 0 ? counted_at_s : 0;
 	reg_unlock();
 }
 
@@ -406,8 +408,8 @@ metrics_render(char *buf, size_t size)
 	    "Rows whose retries ran out; they wait for a manual replay.");
 	out_printf(&o, "outboxd_messages_dead_total %" PRIu64 "\n", r.dead);
 	out_header(&o, "outboxd_messages_released_total", "counter",
-	    "Rows whose outcome was unknown after a connection loss, "
-	    "left due to publish again.");
+	    "Rows sent whose outcome stayed unknown (connection lost, or "
+	    "no confirm while blocked), left due to publish again.");
 	out_printf(&o, "outboxd_messages_released_total %" PRIu64 "\n",
 	    r.released);
 
@@ -424,6 +426,11 @@ metrics_render(char *buf, size_t size)
 	    "How long the oldest due row has been due; 0 when none is.");
 	out_printf(&o, "outboxd_oldest_due_age_seconds %.3f\n",
 	    r.oldest_due_age);
+	out_header(&o, "outboxd_rows_counted_timestamp_seconds", "gauge",
+	    "When the row gauges were last counted (0: not by this "
+	    "instance); they keep their values while counting fails.");
+	out_printf(&o, "outboxd_rows_counted_timestamp_seconds %" PRId64 "\n",
+	    r.rows_counted_at);
 
 	out_histogram(&o, "outboxd_batch_duration_seconds",
 	    "Time for one batch: claim, publish, confirms, mark.", &r.batch);

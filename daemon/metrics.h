@@ -58,10 +58,11 @@ void metrics_inc_released(uint64_t n);
 /*
  * The outbox as last counted: pending = unsent and not dead, due = of
  * those, due now; oldest_due_age_s = now - oldest due next_schedule_time
- * (0 when nothing is due; negative or non-finite is stored as 0).
+ * (0 when nothing is due; negative or non-finite is stored as 0);
+ * counted_at_s = when, in seconds since the epoch (0: never).
  */
 void metrics_set_rows(uint64_t pending, uint64_t due, uint64_t dead,
-    double oldest_due_age_s);
+    double oldest_due_age_s, int64_t counted_at_s);
 
 /* Durations in seconds; negative counts as 0, NaN and inf are dropped. */
 void metrics_observe_batch(double seconds);

@@ -64,6 +64,7 @@ static const struct {
 	{ "outboxd_rows_due", "gauge" },
 	{ "outboxd_rows_dead", "gauge" },
 	{ "outboxd_oldest_due_age_seconds", "gauge" },
+	{ "outboxd_rows_counted_timestamp_seconds", "gauge" },
 	{ "outboxd_batch_duration_seconds", "histogram" },
 	{ "outboxd_confirm_duration_seconds", "histogram" },
 	{ "outboxd_leader", "gauge" },
@@ -181,10 +182,10 @@ START_TEST(test_sample_syntax)
 		ck_assert_msg(*end == '\0', "bad value: %s", l);
 		samples++;
 	}
-	/* 13 plain values (relays, relays_connected and relays_blocked
+	/* 14 plain values (relays, relays_connected and relays_blocked
 	 * among them), 8 reasons, 2 x 17 histogram lines, 3 backends,
 	 * 3 + 3 per server. */
-	ck_assert_int_eq(samples, 13 + 8 + 34 + 3 + 3 + 3);
+	ck_assert_int_eq(samples, 14 + 8 + 34 + 3 + 3 + 3);
 	free(text);
 }
 END_TEST
@@ -257,7 +258,7 @@ START_TEST(test_gauges)
 	ck_assert_line(text, "outboxd_relays_blocked 0");
 	free(text);
 
-	metrics_set_rows(10, 4, 2, 12.5);
+	metrics_set_rows(10, 4, 2, 12.5, 1795500000);
 	metrics_set_leader(true, METRICS_BACKEND_REDIS);
 	metrics_set_connection(METRICS_SERVER_POSTGRES, true);
 	metrics_set_connection(METRICS_SERVER_RABBITMQ, true);
@@ -268,6 +269,8 @@ START_TEST(test_gauges)
 	ck_assert_line(text, "outboxd_rows_due 4");
 	ck_assert_line(text, "outboxd_rows_dead 2");
 	ck_assert_line(text, "outboxd_oldest_due_age_seconds 12.500");
+	ck_assert_line(text, "outboxd_rows_counted_timestamp_seconds "
+	    "1795500000");
 	ck_assert_line(text, "outboxd_leader 1");
 	ck_assert_line(text, "outboxd_leader_backend{backend=\"none\"} 0");
 	ck_assert_line(text, "outboxd_leader_backend{backend=\"redis\"} 1");
@@ -287,16 +290,17 @@ START_TEST(test_gauges)
 	free(text);
 
 	/* Gauges are set, not added; nonsense ages read as 0. */
-	metrics_set_rows(1, 0, 0, -3);
+	metrics_set_rows(1, 0, 0, -3, -5);
 	metrics_set_leader(false, METRICS_BACKEND_POSTGRES);
 	text = render();
 	ck_assert_line(text, "outboxd_rows_pending 1");
 	ck_assert_line(text, "outboxd_rows_due 0");
 	ck_assert_line(text, "outboxd_oldest_due_age_seconds 0.000");
+	ck_assert_line(text, "outboxd_rows_counted_timestamp_seconds 0");
 	ck_assert_line(text, "outboxd_leader 0");
 	ck_assert_line(text, "outboxd_leader_backend{backend=\"postgres\"} 1");
 	free(text);
-	metrics_set_rows(1, 1, 0, NAN);
+	metrics_set_rows(1, 1, 0, NAN, 0);
 	text = render();
 	ck_assert_line(text, "outboxd_oldest_due_age_seconds 0.000");
 	free(text);
