@@ -54,6 +54,14 @@ struct side {
 	size_t flight_from, flight_to;
 };
 
+/* A server's connection, as the reconnect pacing sees it. */
+struct link {
+	struct backoff_cursor retry;
+	int64_t retry_at;	/* no connect before (monotonic ms) */
+	int64_t up_ms;		/* when the connection was made; 0: down */
+	bool proven;		/* it did work: a batch marked, a confirm */
+};
+
 struct relay {
 	struct relay_conf conf;
 	struct store *store;
@@ -64,12 +72,9 @@ struct relay {
 	bool include_retries;
 	int wake_fd;		/* readable: stop waiting; -1 none */
 	int kick_fd;		/* a worker's: backlog found; -1 none */
-	/* Reconnect pacing, one cursor per server. */
-	struct backoff_cursor store_retry, broker_retry;
-	int64_t store_retry_at, broker_retry_at; /* monotonic ms */
+	/* Reconnect pacing, one per server. */
+	struct link store_link, broker_link;
 	bool store_was_up;
-	/* When each server's connection was made; 0: it is down. */
-	int64_t store_up_ms, broker_up_ms;
 	/* Whether each server was ever connected: only a connection after
 	 * that counts as a reconnect. */
 	bool store_ever_up, broker_ever_up;
@@ -106,8 +111,8 @@ relay_new(const struct relay_conf *conf, struct store *store,
 	r->kick_fd = -1;
 	backoff_rng_seed_random(&r->rng);
 	relay_set_conf(r, conf);
-	backoff_cursor_init(&r->store_retry, &conf->reconnect);
-	backoff_cursor_init(&r->broker_retry, &conf->reconnect);
+	backoff_cursor_init(&r->store_link.retry, &conf->reconnect);
+	backoff_cursor_init(&r->broker_link.retry, &conf->reconnect);
 	backoff_cursor_init(&r->cycle_retry, &conf->reconnect);
 	r->stats.last_progress_ms = now_mono_ms();
 	return r;
@@ -135,15 +140,29 @@ relay_free(struct relay *r)
 	free(r);
 }
 
+static void
+clamp_wait(int64_t *until_ms, int64_t max_ms)
+{
+	int64_t latest = now_mono_ms() + max_ms;
+
+	if (*until_ms > latest)
+		*until_ms = latest;
+}
+
 void
 relay_set_conf(struct relay *r, const struct relay_conf *conf)
 {
 	size_t n = (size_t)conf->batch_size;
 
 	r->conf = *conf;
-	r->store_retry.params = conf->reconnect;
-	r->broker_retry.params = conf->reconnect;
+	r->store_link.retry.params = conf->reconnect;
+	r->broker_link.retry.params = conf->reconnect;
 	r->cycle_retry.params = conf->reconnect;
+	/* A wait set by the old pacing ends within the new one's longest:
+	 * lowering reconnect.max by a reload takes effect at once. */
+	clamp_wait(&r->store_link.retry_at, conf->reconnect.max_ms);
+	clamp_wait(&r->broker_link.retry_at, conf->reconnect.max_ms);
+	clamp_wait(&r->cycle_retry_at, conf->reconnect.max_ms);
 	if (n <= r->cap)
 		return;
 	/* Between steps: no side holds a batch.  The second side only
@@ -374,10 +393,69 @@ prepare_message(struct relay *r, struct side *x, size_t i,
 	return true;
 }
 
+/*
+ * A connection lost within STABLE_CONNECTION_MS of being made, before it
+ * did any work, counts as a failed connect: the next one waits with the
+ * reconnect pacing.  A broker that took each connection and dropped it
+ * at the first batch was otherwise met again at once, some 150 times a
+ * second, each time logging the loss and sending part of the batch
+ * again.  A connection that lasted, or did work (a batch marked; a
+ * message the broker answered for, or took the blame for the loss: a
+ * row that closes connections is not the server's fault), means a
+ * server that works: the reconnect is immediate, and the pacing starts
+ * over.  Returns how long the lost connection lasted when it was such a
+ * failed connect, else -1.
+ */
+#define STABLE_CONNECTION_MS 10000
+
+static int64_t
+link_lost(struct link *l)
+{
+	int64_t lasted;
+	bool worked;
+
+	if (l->up_ms == 0)
+		return -1;
+	lasted = now_mono_ms() - l->up_ms;
+	worked = l->proven || lasted >= STABLE_CONNECTION_MS;
+	l->up_ms = 0;
+	l->proven = false;
+	if (worked) {
+		backoff_cursor_reset(&l->retry);
+		return -1;
+	}
+	return lasted;
+}
+
+/* A lost connection: see link_lost(). */
+static void
+pace_after_loss(struct link *l, struct log_limit *log, const char *server)
+{
+	int64_t lasted = link_lost(l), wait;
+
+	if (lasted < 0)
+		return;
+	wait = backoff_cursor_next(&l->retry);
+	l->retry_at = now_mono_ms() + wait;
+	log_event_limited(log, LOG_WARN, "connection short-lived", "server=%s "
+	    "lasted_ms=%" PRId64 " retry_in_ms=%" PRId64, server, lasted,
+	    wait);
+}
+
+static void
+link_up(struct link *l)
+{
+	l->up_ms = now_mono_ms();
+	l->proven = false;
+}
+
 /* Ends the relay's sessions; the next ensure_store() opens new ones. */
 static void
 drop_sessions(struct relay *r)
 {
+	/* Dropped on purpose (read-only, stale statements): the next
+	 * connect is at once, and one that lasted starts the pacing over. */
+	(void)link_lost(&r->store_link);
 	store_disconnect(r->store);
 	if (r->sides[1].store != NULL)
 		store_disconnect(r->sides[1].store);
@@ -588,12 +666,17 @@ lost_alone(struct relay *r, struct side *x, size_t k)
 static void
 side_settle(struct relay *r, struct side *x, int broker_rc)
 {
+	bool answered = false;
+
 	x->confirmed_us = now_mono_us();
 	x->broker_rc = broker_rc;
 	for (size_t k = 0; k < x->nmsg; k++) {
 		size_t i = x->msg_row[k];
 		const struct broker_result *res = &x->results[k];
 
+		/* The broker answered for it, or it takes the blame for the
+		 * loss (below): the connection was not lost for nothing. */
+		answered = answered || res->outcome != BROKER_UNKNOWN;
 		if (res->outcome != BROKER_UNKNOWN)
 			suspects_clear(r->suspects, x->msgs[k].id);
 		switch (res->outcome) {
@@ -619,6 +702,7 @@ side_settle(struct relay *r, struct side *x, int broker_rc)
 				    "in flight (%s)", broker_error(r->broker));
 				mark_failed(r, x, i, reason, false,
 				    METRICS_FAIL_CONNECTION_LOST);
+				answered = true;
 				break;
 			}
 			/* No confirm: it may have arrived, or not.  Leave
@@ -638,6 +722,8 @@ side_settle(struct relay *r, struct side *x, int broker_rc)
 		}
 		}
 	}
+	if (answered)
+		r->broker_link.proven = true;
 	if (broker_rc == -1) {
 		/* The broker module logged why; the rows it could not
 		 * confirm stay due. */
@@ -704,6 +790,7 @@ side_mark(struct relay *r, struct side *x)
 		    log_quote((char[600]){ 0 }, 600, store_error(x->store)));
 		return -1;
 	}
+	r->store_link.proven = true;
 	left = rc == 1 ? refused_marks(r, x, n) : 0;
 	count_marks(r, x, n);
 	if (left == 0)
@@ -879,37 +966,6 @@ relay_pipeline(struct relay *r, int64_t until_ms, bool *backlog,
 }
 
 /*
- * A connection lost within STABLE_CONNECTION_MS of being made counts as
- * a failed connect: the next one waits with the reconnect pacing.  A
- * broker that took each connection and dropped it at the first batch
- * was otherwise met again at once, some 150 times a second, each time
- * logging the loss and sending part of the batch again.  A connection
- * that lasted means a server that works: the reconnect is immediate,
- * and the pacing starts over.
- */
-#define STABLE_CONNECTION_MS 10000
-
-static void
-pace_after_loss(struct backoff_cursor *retry, int64_t *retry_at,
-    int64_t *up_ms, struct log_limit *log, const char *server)
-{
-	int64_t now = now_mono_ms(), lasted = now - *up_ms, wait;
-
-	if (*up_ms == 0)
-		return;
-	*up_ms = 0;
-	if (lasted >= STABLE_CONNECTION_MS) {
-		backoff_cursor_reset(retry);
-		return;
-	}
-	wait = backoff_cursor_next(retry);
-	*retry_at = now + wait;
-	log_event_limited(log, LOG_WARN, "connection short-lived", "server=%s "
-	    "lasted_ms=%" PRId64 " retry_in_ms=%" PRId64, server, lasted,
-	    wait);
-}
-
-/*
  * Brings one server up if it is down and its retry time has come.
  * Returns true when it is up.
  */
@@ -926,11 +982,10 @@ ensure_store(struct relay *r)
 		down = store_connected(r->store) ? second : r->store;
 		log_error("postgres connection lost", "error=%s",
 		    log_quote((char[600]){ 0 }, 600, store_error(down)));
+		pace_after_loss(&r->store_link, &r->store_log, "postgres");
 		drop_sessions(r);
-		pace_after_loss(&r->store_retry, &r->store_retry_at,
-		    &r->store_up_ms, &r->store_log, "postgres");
 	}
-	if (now < r->store_retry_at)
+	if (now < r->store_link.retry_at)
 		return false;
 	/* A worker is kicked by the main relay instead of listening; the
 	 * second session of a pipelined relay only claims and marks. */
@@ -944,14 +999,15 @@ ensure_store(struct relay *r)
 		if (r->store_ever_up)
 			metrics_inc_reconnect(METRICS_SERVER_POSTGRES);
 		r->store_ever_up = true;
-		r->store_up_ms = now_mono_ms();
+		link_up(&r->store_link);
 		log_limit_reset(&r->store_log);
 		r->store_was_up = true;
 		return true;
 	}
-	r->store_retry_at = now + backoff_cursor_next(&r->store_retry);
+	r->store_link.retry_at = now +
+	    backoff_cursor_next(&r->store_link.retry);
 	log_event_limited(&r->store_log, LOG_WARN, "postgres unavailable",
-	    "retry_in_ms=%" PRId64 " error=%s", r->store_retry_at - now,
+	    "retry_in_ms=%" PRId64 " error=%s", r->store_link.retry_at - now,
 	    log_quote((char[600]){ 0 }, 600, store_error(down)));
 	store_disconnect(r->store);
 	if (second != NULL)
@@ -966,21 +1022,21 @@ ensure_broker(struct relay *r)
 
 	if (broker_connected(r->broker))
 		return true;
-	pace_after_loss(&r->broker_retry, &r->broker_retry_at,
-	    &r->broker_up_ms, &r->broker_log, "rabbitmq");
-	if (now < r->broker_retry_at)
+	pace_after_loss(&r->broker_link, &r->broker_log, "rabbitmq");
+	if (now < r->broker_link.retry_at)
 		return false;
 	if (broker_connect(r->broker) == 0) {
 		if (r->broker_ever_up)
 			metrics_inc_reconnect(METRICS_SERVER_RABBITMQ);
 		r->broker_ever_up = true;
-		r->broker_up_ms = now_mono_ms();
+		link_up(&r->broker_link);
 		log_limit_reset(&r->broker_log);
 		return true;
 	}
-	r->broker_retry_at = now + backoff_cursor_next(&r->broker_retry);
+	r->broker_link.retry_at = now +
+	    backoff_cursor_next(&r->broker_link.retry);
 	log_event_limited(&r->broker_log, LOG_WARN, "rabbitmq unavailable",
-	    "retry_in_ms=%" PRId64, r->broker_retry_at - now);
+	    "retry_in_ms=%" PRId64, r->broker_link.retry_at - now);
 	return false;
 }
 
@@ -1090,9 +1146,9 @@ connections_up(struct relay *r, int64_t max_wait_ms)
 	if (store_up && broker_up)
 		return true;
 	if (!store_up)
-		retry_at = r->store_retry_at;
-	if (!broker_up && r->broker_retry_at < retry_at)
-		retry_at = r->broker_retry_at;
+		retry_at = r->store_link.retry_at;
+	if (!broker_up && r->broker_link.retry_at < retry_at)
+		retry_at = r->broker_link.retry_at;
 	wait = retry_at - now_mono_ms();
 	if (wait < MIN_RETRY_WAIT_MS)
 		wait = MIN_RETRY_WAIT_MS;

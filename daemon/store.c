@@ -735,9 +735,10 @@ apply_online(struct store *s, const struct migration *m)
  * close translation) was taken as it was, and migrate said "schema up to
  * date" while claims could never work.  Only what outboxd relies on is
  * checked: every column, the types its SQL needs (NOT deleted, jsonb
- * headers, interval backoff, times with a time zone: a `timestamp`
- * column made due times follow each session's TimeZone, and failed 001's
- * index) and one content row per message (two make every claim fail).
+ * headers, interval backoff, a due time with a time zone: `timestamp`
+ * made due times follow each session's TimeZone, and failed 001's index;
+ * a domain counts as its base type) and one content row per message (two
+ * make every claim fail).
  * The tables are found as the relay's statements find them, through
  * search_path: current_schema() is a first schema without them
  * ("$user") as well.
@@ -745,10 +746,8 @@ apply_online(struct store *s, const struct migration *m)
 #define SCHEMA_PROBLEMS_SQL \
 	"WITH want(tbl, col, typ) AS (VALUES" \
 	" ('t_transactional_message', 'id', NULL)," \
-	" ('t_transactional_message', 'create_time'," \
-	"  'timestamp with time zone')," \
-	" ('t_transactional_message', 'edit_time'," \
-	"  'timestamp with time zone')," \
+	" ('t_transactional_message', 'create_time', NULL)," \
+	" ('t_transactional_message', 'edit_time', NULL)," \
 	" ('t_transactional_message', 'editor', NULL)," \
 	" ('t_transactional_message', 'deleted', 'boolean')," \
 	" ('t_transactional_message', 'current_retry_times', NULL)," \
@@ -771,14 +770,15 @@ apply_online(struct store *s, const struct migration *m)
 	" ('t_transactional_message_content', 'content', NULL))," \
 	" problem(text) AS (" \
 	"  SELECT w.tbl || '.' || w.col || CASE WHEN a.attname IS NULL" \
-	"   THEN ' is missing' ELSE ' is ' || format_type(a.atttypid, NULL)" \
-	"   || ', not ' || w.typ END" \
-	"  FROM want w LEFT JOIN pg_attribute a" \
+	"   THEN ' is missing' ELSE ' is ' || a.typ || ', not ' || w.typ END" \
+	"  FROM want w LEFT JOIN (SELECT attrelid, attname," \
+	"    format_type(CASE WHEN t.typtype = 'd' THEN t.typbasetype" \
+	"    ELSE pa.atttypid END, NULL) AS typ" \
+	"    FROM pg_attribute pa JOIN pg_type t ON t.oid = pa.atttypid" \
+	"    WHERE pa.attnum > 0 AND NOT pa.attisdropped) a" \
 	"   ON a.attrelid = to_regclass(w.tbl) AND a.attname = w.col" \
-	"   AND a.attnum > 0 AND NOT a.attisdropped" \
 	"  WHERE to_regclass(w.tbl) IS NOT NULL AND (a.attname IS NULL" \
-	"   OR (w.typ IS NOT NULL" \
-	"   AND format_type(a.atttypid, NULL) <> w.typ))" \
+	"   OR (w.typ IS NOT NULL AND a.typ <> w.typ))" \
 	"  UNION ALL" \
 	"  SELECT 't_transactional_message_content.message_id has no unique" \
 	" index (two content rows for one message stop every claim)'" \

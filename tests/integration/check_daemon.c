@@ -19,6 +19,7 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <netinet/in.h>
@@ -732,6 +733,56 @@ START_TEST(test_redis_reconnects_follow_config)
 	    log);
 	ck_assert_int_eq(tl_outboxd_stop(pid, 25000), 0);
 	check_logfmt(log);
+	free(log);
+}
+END_TEST
+
+/* A config whose RabbitMQ is a port where nothing listens, with
+ * reconnects at a fixed delay of wait, and one relay. */
+static void
+unreachable_rabbitmq_yaml(char *buf, size_t size, int port,
+    const char *wait)
+{
+	snprintf(buf, size, "log:\n  level: info\n"
+	    "postgres:\n  conninfo: \"%s\"\n"
+	    "rabbitmq:\n  nodes: [\"127.0.0.1:%d\"]\n"
+	    "redis:\n  address: \"127.0.0.1:%s\"\n"
+	    "  key: \"dmn:leader:rabbitwait\"\n"
+	    "relay:\n  workers: 1\n"
+	    "reconnect:\n  strategy: fixed\n  jitter: none\n  init: %s\n"
+	    "  max: %s\nhttp:\n  listen: \"\"\n",
+	    tl_env("OUTBOXD_PG_CONNINFO"), port, tl_env("OUTBOXD_REDIS_PORT"),
+	    wait, wait);
+}
+
+/*
+ * A reload that shortens reconnect.* ends a longer wait the old pacing
+ * set: RabbitMQ is unreachable with a minute between tries, then the
+ * reload asks for 200 ms.  The next try came a minute later all the
+ * same before.
+ */
+START_TEST(test_reload_shortens_a_reconnect_wait)
+{
+	char cfg[512], yaml[1024], *log;
+	int port = tl_free_port();
+	pid_t pid;
+
+	unreachable_rabbitmq_yaml(yaml, sizeof(yaml), port, "1m");
+	snprintf(cfg, sizeof(cfg), "%s/rabbitwait-%d.yml",
+	    tl_env("OUTBOXD_SERVERS_DIR"), (int)getpid());
+	spit(cfg, yaml, 0600);
+	pid = tl_outboxd_start_file(cfg);
+	log = log_of(pid);
+	ck_assert(wait_log(log, "msg=\"rabbitmq unavailable\"", 1, 20000));
+	ck_assert_msg(log_count(log, "retry_in_ms=60000") == 1, "log %s",
+	    log);
+	unreachable_rabbitmq_yaml(yaml, sizeof(yaml), port, "200ms");
+	rewrite_raw(cfg, yaml);
+	kill(pid, SIGHUP);
+	ck_assert(wait_log(log, "msg=\"config reloaded\"", 1, 20000));
+	ck_assert_msg(wait_log(log, "msg=\"rabbitmq unavailable\"", 2,
+	    10000), "no try after the reload: log %s", log);
+	ck_assert_int_eq(tl_outboxd_stop(pid, 25000), 0);
 	free(log);
 }
 END_TEST
@@ -1958,11 +2009,11 @@ START_TEST(test_migrate_refuses_a_seed_table)
 	tl_sql(db, "DROP SCHEMA IF EXISTS dmn_seed CASCADE");
 	tl_sql(db, "CREATE SCHEMA dmn_seed");
 	tl_sql(db, "CREATE TABLE dmn_seed.t_transactional_message (id bigserial "
-	    "PRIMARY KEY, create_time timestamp NOT NULL DEFAULT now(), "
+	    "PRIMARY KEY, create_time timestamptz NOT NULL DEFAULT now(), "
 	    "edit_time timestamptz NOT NULL DEFAULT now(), creator varchar(64), "
 	    "editor varchar(64), deleted smallint NOT NULL DEFAULT 0, "
 	    "current_retry_times smallint NOT NULL DEFAULT 0, max_retry_times "
-	    "smallint NOT NULL DEFAULT 5, next_schedule_time timestamptz, "
+	    "smallint NOT NULL DEFAULT 5, next_schedule_time timestamp, "
 	    "message_status smallint NOT NULL DEFAULT 0, init_backoff interval "
 	    "NOT NULL DEFAULT '10s', backoff_factor float8 NOT NULL DEFAULT 2, "
 	    "queue_name varchar(255), exchange_name varchar(255), exchange_type "
@@ -1983,8 +2034,8 @@ START_TEST(test_migrate_refuses_a_seed_table)
 	ck_assert_msg(strstr(err, "t_transactional_message.content_type is "
 	    "missing") != NULL, "%s", err);
 	/* Due times would follow each session's TimeZone. */
-	ck_assert_msg(strstr(err, "t_transactional_message.create_time is "
-	    "timestamp without time zone, not timestamp with time zone") !=
+	ck_assert_msg(strstr(err, "t_transactional_message.next_schedule_time "
+	    "is timestamp without time zone, not timestamp with time zone") !=
 	    NULL, "%s", err);
 	ck_assert_msg(strstr(err, "message_id has no unique index") != NULL,
 	    "%s", err);
@@ -2082,7 +2133,8 @@ END_TEST
  * schema of the role's name exists; dmn_empty here).  The schema check
  * looked in it (current_schema()) and called every column missing, so
  * migrate refused a good database; 005 looked there for its index and
- * rebuilt it at every run.
+ * rebuilt it at every run.  And a column of a domain type over the type
+ * the check wants passes as that type.
  */
 START_TEST(test_migrate_beside_an_empty_first_schema)
 {
@@ -2111,6 +2163,18 @@ START_TEST(test_migrate_beside_an_empty_first_schema)
 	ck_assert_msg(strstr(out, "schema up to date") != NULL, "%s", out);
 	ck_assert_int_eq(tl_sql_int(db, "SELECT 't_transactional_message_"
 	    "unsent_key_idx'::regclass::oid::int8"), before);
+	/* A domain over the type the check wants is that type. */
+	tl_sql(db, "DROP DOMAIN IF EXISTS dmn_flag");
+	tl_sql(db, "CREATE DOMAIN dmn_flag AS boolean");
+	tl_sql(db, "ALTER TABLE t_transactional_message ALTER deleted "
+	    "TYPE dmn_flag");
+	tl_config_write(cfg, sizeof(cfg), NULL);
+	rc = tl_outboxd_cli(out, sizeof(out), err, sizeof(err), cfg,
+	    "migrate", NULL);
+	tl_sql(db, "ALTER TABLE t_transactional_message ALTER deleted "
+	    "TYPE boolean");
+	tl_sql(db, "DROP DOMAIN dmn_flag");
+	ck_assert_msg(rc == 0, "migrate with a domain column: %s", err);
 }
 END_TEST
 
@@ -2231,6 +2295,8 @@ START_TEST(test_metrics_and_health)
 	struct tl_msg m;
 	char cfg[512], yaml[512], health[256], *log;
 	long long id;
+	double counted;
+	time_t started = time(NULL);
 	pid_t pid;
 
 	tl_queue(a, "dmn.metrics", "", "");
@@ -2269,6 +2335,11 @@ START_TEST(test_metrics_and_health)
 	ck_assert_double_eq(tl_metric(body, "outboxd_leader_backend"
 	    "{backend=\"redis\"}"), 1);
 	ck_assert_double_eq(tl_metric(body, "outboxd_rows_pending"), 0);
+	/* When they were counted: alerts on a count that stopped use it. */
+	counted = tl_metric(body, "outboxd_rows_counted_timestamp_seconds");
+	ck_assert_msg(counted >= (double)started &&
+	    counted <= (double)time(NULL), "counted at %.0f, test started "
+	    "at %lld", counted, (long long)started);
 	/* relay.workers (2 by default): the main relay and one worker, both
 	 * connected. */
 	ck_assert_double_eq(tl_metric(body, "outboxd_relays"), 2);
@@ -3449,6 +3520,7 @@ main(void)
 	tcase_add_test(tc, test_shutdown_timeout_ends_a_stuck_batch);
 	tcase_add_test(tc, test_sighup_reload);
 	tcase_add_test(tc, test_redis_reconnects_follow_config);
+	tcase_add_test(tc, test_reload_shortens_a_reconnect_wait);
 	tcase_add_test(tc, test_check_config_and_usage);
 	tcase_add_test(tc, test_cli_status_dead_replay_purge_migrate);
 	tcase_add_test(tc, test_migrate_builds_indexes_online);
