@@ -1743,6 +1743,11 @@ store_replay_dead(struct store *s, int64_t id, const struct dead_filter *f,
 
 	snprintf(idtext, sizeof(idtext), "%" PRId64, id);
 	dead_filter_params(f, params);
+	/* The rows and the wake-up in one transaction: a NOTIFY that
+	 * failed after the rows were committed reported a replay that had
+	 * happened as failed. */
+	if (exec_command(s, "BEGIN") == -1)
+		return -1;
 	if (command_count(s, "replay", "UPDATE t_transactional_message"
 	    " SET message_status = 0, current_retry_times = 0,"
 	    " next_schedule_time = now(), edit_time = now(),"
@@ -1752,13 +1757,14 @@ store_replay_dead(struct store *s, int64_t id, const struct dead_filter *f,
 	     * PENDING yet never sent, and counted nowhere. */
 	    " WHERE message_status = 3 AND NOT deleted"
 	    " AND ($1::int8 = 0 OR id = $1::int8)" DEAD_FILTER_SQL,
-	    4, params, n) == -1)
+	    4, params, n) == -1 ||
+	    /* Replayed rows are due now: wake the relays (at the commit)
+	     * rather than wait for their next poll. */
+	    (*n > 0 && exec_command(s, "NOTIFY " NOTIFY_CHANNEL) == -1)) {
+		PQclear(PQexec(s->conn, "ROLLBACK"));
 		return -1;
-	/* Replayed rows are due now: wake the relays rather than wait for
-	 * their next poll. */
-	if (*n > 0)
-		return exec_command(s, "NOTIFY " NOTIFY_CHANNEL);
-	return 0;
+	}
+	return exec_command(s, "COMMIT");
 }
 
 int
