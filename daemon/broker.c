@@ -769,9 +769,11 @@ ask_for_alarms(struct broker *b, int64_t deadline)
 			answer = m->id == AMQP_BASIC_ACK_METHOD ||
 			    m->id == AMQP_BASIC_NACK_METHOD;
 		}
-		amqp_maybe_release_buffers_on_channel(b->conn, f.channel);
+		/* A connection.close took the connection with it: nothing
+		 * is left to release (rabbitmq-c would dereference NULL). */
 		if (rc == -1)
 			return -1;
+		amqp_maybe_release_buffers_on_channel(b->conn, f.channel);
 		if (answer && ++answered == ALARM_PROBES)
 			break;
 		if (answer && publish_alarm_probe(b) == -1)

@@ -1209,6 +1209,29 @@ START_TEST(test_lost_mid_send_tells_unsent)
 }
 END_TEST
 
+/*
+ * A node that shuts down while a connect waits for its alarm probe's
+ * answer closes the connection (320).  The connect fails with the
+ * broker's words; it dereferenced the freed connection before (a
+ * segfault that took every relay of the process with it).
+ */
+START_TEST(test_connection_closed_at_the_probe)
+{
+	struct broker_conf conf;
+	struct broker *b;
+	pid_t fake = start_fake_broker("close-at-the-probe", &conf);
+
+	b = broker_new(&conf);
+	ck_assert_int_eq(broker_connect(b), -1);
+	ck_assert_msg(strstr(broker_error(b), "CONNECTION_FORCED") != NULL,
+	    "error: %s", broker_error(b));
+	ck_assert(!broker_connected(b));
+	broker_free(b);
+	kill(fake, SIGKILL);
+	ck_assert_int_eq(waitpid(fake, NULL, 0), fake);
+}
+END_TEST
+
 START_TEST(test_broker_killed)
 {
 	struct broker *b = connect_default();
@@ -1287,6 +1310,7 @@ broker_suite(void)
 	tcase_add_test(loss, test_admin_request_gets_its_own_deadline);
 	tcase_add_test(loss, test_block_after_the_probe_ack);
 	tcase_add_test(loss, test_lost_mid_send_tells_unsent);
+	tcase_add_test(loss, test_connection_closed_at_the_probe);
 	tcase_add_test(loss, test_broker_killed);
 	suite_add_tcase(s, loss);
 	return s;

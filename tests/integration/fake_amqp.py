@@ -14,6 +14,10 @@ and the next publish, a batch's first, resets the connection (RST) with
 the rest of the batch unread: a batch larger than the socket buffers is
 cut short mid-send.
 
+MODE close-at-the-probe: the connect's first publish (the alarm probe) is
+answered with connection.close 320 CONNECTION_FORCED, as by a node that
+is shutting down.
+
 It prints "ready" once it listens, and serves until killed.
 """
 import socket
@@ -86,6 +90,13 @@ def serve(sock, mode):
                     sock.sendall(method(0, 10, 60,
                                         shortstr(b"low on memory")))
                     time.sleep(3600)        # blocked: reads nothing more
+                elif mode == "close-at-the-probe":
+                    sock.sendall(method(0, 10, 50, struct.pack(">H", 320) +
+                                        shortstr(b"CONNECTION_FORCED - "
+                                                 b"broker forced connection "
+                                                 b"closure with reason "
+                                                 b"'shutdown'") +
+                                        struct.pack(">HH", 0, 0)))
                 elif mode == "reset-at-the-batch":
                     if tags[channel] > 2:
                         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
