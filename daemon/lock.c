@@ -414,14 +414,22 @@ lock_acquire(struct lock *l, int64_t deadline)
 	bool set;
 	char qkey[256];
 
-	lock_new_token(l);
+	/* A key that may still be ours (a hold lost while Redis did not
+	 * answer, a SET whose answer never came) is asked for under the
+	 * same token: whichever of them landed, it is known as ours. */
+	if (l->lost_token[0] != '\0')
+		memcpy(l->token, l->lost_token, sizeof(l->token));
+	else
+		lock_new_token(l);
 	sent = now_mono_ms();
-	/* A SET that timed out may still have landed: then our own key
-	 * blocks us until it expires, which is safe, just slower. */
 	reply = lock_command(l, deadline,
 	    R(REDIS_REPLY_STATUS) | R(REDIS_REPLY_NIL), "SET",
 	    "SET %s %s NX PX %lld", l->key, l->token, (long long)l->ttl_ms);
 	if (reply == NULL) {
+		/* It may have landed: then the key is ours, to reclaim at
+		 * the next try (and to delete at a stop).  Forgotten, it
+		 * kept every instance out for its whole ttl. */
+		memcpy(l->lost_token, l->token, sizeof(l->lost_token));
 		l->token[0] = '\0';
 		lock_unreachable(l);
 		return;

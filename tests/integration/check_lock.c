@@ -997,6 +997,52 @@ START_TEST(test_key_outliving_an_outage_is_reclaimed)
 END_TEST
 
 /*
+ * The first SET gets no answer in time (Redis stopped), and Redis runs
+ * it once it goes on: the key is ours.  It was taken for another
+ * instance's, and nobody led until it expired (3 s here); it is now
+ * reclaimed at the next try, under the token the SET carried.
+ */
+START_TEST(test_set_answered_too_late_is_reclaimed)
+{
+	static char host[160];
+	struct lock_conf conf;
+	struct backoff_params quick;
+	redisContext *c;
+	char val[64] = "";
+	struct lock *a;
+	int64_t resumed, end;
+
+	snprintf(host, sizeof(host), "unix:%s", priv.sock);
+	conf_init(&conf, host, 0);
+	conf.ttl_ms = LONG_TTL_MS;
+	a = lock_new(&conf);
+	backoff_params_default(&quick);
+	quick.init_ms = 100;
+	quick.max_ms = 100;
+	lock_set_reconnect(a, &quick);
+	/* Connected, and the key free again: the next tick is the SET. */
+	ck_assert_int_eq(lock_tick(a), LOCK_HELD);
+	lock_release(a);
+	ck_assert_int_eq(kill(priv.pid, SIGSTOP), 0);
+	ck_assert_int_eq(lock_tick(a), LOCK_UNAVAILABLE);
+	ck_assert_int_eq(kill(priv.pid, SIGCONT), 0);
+	resumed = now_mono_ms();
+	/* The SET landed after all. */
+	c = priv_admin();
+	end = resumed + 5000;
+	while (admin_str(c, val, sizeof(val), "GET %s", key)[0] == '\0' &&
+	    now_mono_ms() < end)
+		nap_ms(10);
+	ck_assert_msg(val[0] != '\0', "the late SET never landed");
+	ck_assert(tick_until(a, LOCK_HELD, LONG_TTL_MS / 2));
+	report("a late SET reclaimed", now_mono_ms() - resumed);
+	ck_assert_str_eq(lock_token(a), val);
+	redisFree(c);
+	lock_free(a);
+}
+END_TEST
+
+/*
  * The same loss, and the instance stops before it has reclaimed the
  * key: the release deletes the key, which is still ours.  Before, only
  * a lock held was released, and the next leader waited for the rest of
@@ -1069,6 +1115,7 @@ main(void)
 	tcase_add_test(priv_tc, test_requirepass);
 	tcase_add_test(priv_tc, test_hung_redis_never_blocks);
 	tcase_add_test(priv_tc, test_key_outliving_an_outage_is_reclaimed);
+	tcase_add_test(priv_tc, test_set_answered_too_late_is_reclaimed);
 	tcase_add_test(priv_tc, test_release_after_an_outage_deletes_the_key);
 	suite_add_tcase(s, priv_tc);
 
