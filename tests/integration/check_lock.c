@@ -936,19 +936,15 @@ END_TEST
 
 enum { LONG_TTL_MS = 3000 };
 
-/*
- * A lock on the private Redis with a 3 s ttl, held, then lost while
- * Redis hangs (SIGSTOP) past its validity but not past the key's ttl;
- * Redis answers again when this returns.  Its token goes to token.
- */
+/* A lock on the private Redis with a 3 s ttl, reconnecting every
+ * 100 ms, held. */
 static struct lock *
-lose_while_redis_hangs(char *token, size_t size)
+long_ttl_lock_held(void)
 {
 	static char host[160];
 	struct backoff_params quick;
 	struct lock_conf conf;
 	struct lock *a;
-	int64_t t0;
 
 	snprintf(host, sizeof(host), "unix:%s", priv.sock);
 	conf_init(&conf, host, 0);
@@ -959,6 +955,20 @@ lose_while_redis_hangs(char *token, size_t size)
 	quick.max_ms = 100;
 	lock_set_reconnect(a, &quick);
 	ck_assert_int_eq(lock_tick(a), LOCK_HELD);
+	return a;
+}
+
+/*
+ * That lock, lost while Redis hangs (SIGSTOP) past its validity but not
+ * past the key's ttl; Redis answers again when this returns.  Its token
+ * goes to token.
+ */
+static struct lock *
+lose_while_redis_hangs(char *token, size_t size)
+{
+	struct lock *a = long_ttl_lock_held();
+	int64_t t0;
+
 	snprintf(token, size, "%s", lock_token(a));
 	ck_assert_int_eq(kill(priv.pid, SIGSTOP), 0);
 	t0 = now_mono_ms();
@@ -1004,24 +1014,12 @@ END_TEST
  */
 START_TEST(test_set_answered_too_late_is_reclaimed)
 {
-	static char host[160];
-	struct lock_conf conf;
-	struct backoff_params quick;
 	redisContext *c;
 	char val[64] = "";
-	struct lock *a;
+	struct lock *a = long_ttl_lock_held();
 	int64_t resumed, end;
 
-	snprintf(host, sizeof(host), "unix:%s", priv.sock);
-	conf_init(&conf, host, 0);
-	conf.ttl_ms = LONG_TTL_MS;
-	a = lock_new(&conf);
-	backoff_params_default(&quick);
-	quick.init_ms = 100;
-	quick.max_ms = 100;
-	lock_set_reconnect(a, &quick);
 	/* Connected, and the key free again: the next tick is the SET. */
-	ck_assert_int_eq(lock_tick(a), LOCK_HELD);
 	lock_release(a);
 	ck_assert_int_eq(kill(priv.pid, SIGSTOP), 0);
 	ck_assert_int_eq(lock_tick(a), LOCK_UNAVAILABLE);
