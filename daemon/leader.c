@@ -22,6 +22,8 @@
 /* Bounded work per tick keeps the relay's batches flowing meanwhile. */
 #define PURGE_CHUNK 1000
 #define PURGE_CHUNKS_PER_TICK 10
+#define SWEEP_CHUNK 1000
+#define SWEEP_CHUNKS_PER_TICK 10
 /* Retention is counted in days: a pass a minute keeps the table within
  * a minute of it.  A pass that finds nothing reads a few index pages
  * (sql/007); before that index it read every sent row. */
@@ -29,6 +31,10 @@
 /* Compensation runs between the main relay's batches, on its session:
  * at most 1/COMPENSATION_SHARE of that session's time. */
 #define COMPENSATION_SHARE 20
+/* While a backlog is swept or purged, passes follow each other more
+ * closely, but hold that session at most 1/BACKLOG_SHARE of the time. */
+#define BACKLOG_SHARE 5
+#define BACKLOG_MIN_WAIT_MS 100
 
 struct leader {
 	struct lock *lock;	/* NULL when Redis is disabled */
@@ -253,6 +259,14 @@ leader_compensation_interval_ms(int64_t poll_interval_ms, int64_t took_ms)
 	return stretched > poll_interval_ms ? stretched : poll_interval_ms;
 }
 
+int64_t
+leader_backlog_interval_ms(int64_t took_ms)
+{
+	int64_t wait = took_ms * (BACKLOG_SHARE - 1);
+
+	return wait > BACKLOG_MIN_WAIT_MS ? wait : BACKLOG_MIN_WAIT_MS;
+}
+
 /*
  * Deletes SUCCESS rows past relay.retention, a few chunks per pass;
  * returns how many.  A purge that fails is logged and tried again at
@@ -295,26 +309,50 @@ purge_sent(struct leader *l)
 	return purged;
 }
 
+/*
+ * Marks rows out of retries DEAD, a few chunks per pass; returns how
+ * many, or -1 when the session is gone.  A sweep refused on a live
+ * session (a trigger that refuses one of the rows) is logged, and the
+ * rest of the compensation goes on: before, it failed every
+ * compensation, and the row gauges froze.  *more: the last chunk came
+ * back full.
+ */
+static int64_t
+sweep_exhausted(struct leader *l, bool *more)
+{
+	int64_t n = 0, swept = 0;
+
+	*more = false;
+	for (int i = 0; i < SWEEP_CHUNKS_PER_TICK; i++) {
+		if (store_sweep_exhausted(l->store, SWEEP_CHUNK, &n) == -1) {
+			if (!store_connected(l->store))
+				return -1;
+			log_event_limited(&l->sweep_log, LOG_WARN,
+			    "rows out of retries not marked dead", "error=%s",
+			    log_quote((char[600]){ 0 }, 600,
+			    store_error(l->store)));
+			break;
+		}
+		log_limit_reset(&l->sweep_log);
+		swept += n;
+		*more = n == SWEEP_CHUNK;
+		if (!*more)
+			break;
+	}
+	if (swept > 0)
+		log_warn("rows out of retries marked dead", "rows=%" PRId64,
+		    swept);
+	return swept;
+}
+
 static void
 compensate(struct leader *l)
 {
-	int64_t n, purged = 0, started = now_mono_ms();
+	int64_t purged = 0, started = now_mono_ms();
+	bool sweep_more;
 
-	/* A sweep refused on a live session (a trigger that refuses one
-	 * of the rows) is logged, and the counts are still taken: before,
-	 * it failed every compensation, and the row gauges froze. */
-	if (store_sweep_exhausted(l->store, &n) == -1) {
-		if (!store_connected(l->store))
-			goto fail;
-		log_event_limited(&l->sweep_log, LOG_WARN,
-		    "rows out of retries not marked dead", "error=%s",
-		    log_quote((char[600]){ 0 }, 600, store_error(l->store)));
-	} else {
-		log_limit_reset(&l->sweep_log);
-		if (n > 0)
-			log_warn("rows out of retries marked dead", "rows=%"
-			    PRId64, n);
-	}
+	if (sweep_exhausted(l, &sweep_more) == -1)
+		goto fail;
 	if (l->conf.retention_ms > 0 && now_mono_ms() >= l->next_purge_ms)
 		purged = purge_sent(l);
 	if (store_counts(l->store, false, &l->gauges.counts) == -1)
@@ -322,10 +360,13 @@ compensate(struct leader *l)
 	l->gauges.valid = true;
 	l->gauges.counted_at_s = (int64_t)time(NULL);
 	log_limit_reset(&l->compensation_log);
-	/* A purge that filled its chunks has more to do: come back soon. */
-	l->next_compensation_ms = now_mono_ms() + (purged >= PURGE_CHUNK *
-	    PURGE_CHUNKS_PER_TICK ? 100 : leader_compensation_interval_ms(
-	    l->conf.poll_interval_ms, now_mono_ms() - started));
+	/* A sweep or purge that filled its chunks has more to do: come
+	 * back soon, but not at once (each pass counts the rows too). */
+	l->next_compensation_ms = now_mono_ms() + (sweep_more || purged >=
+	    PURGE_CHUNK * PURGE_CHUNKS_PER_TICK ?
+	    leader_backlog_interval_ms(now_mono_ms() - started) :
+	    leader_compensation_interval_ms(l->conf.poll_interval_ms,
+	    now_mono_ms() - started));
 	return;
 fail:
 	log_event_limited(&l->compensation_log, LOG_WARN, "compensation failed",

@@ -54,6 +54,10 @@ const struct leader_gauges *leader_gauges(const struct leader *);
  * never holds the relay's session more than 1/20 of the time. */
 int64_t leader_compensation_interval_ms(int64_t poll_interval_ms,
     int64_t took_ms);
+/* The wait after a pass that took took_ms and left rows to sweep or
+ * purge: four times as long (at least 100 ms), so that such passes hold
+ * the session at most a fifth of the time. */
+int64_t leader_backlog_interval_ms(int64_t took_ms);
 /* Gives leadership up (shutdown): compare-and-delete in Redis, unlock
  * in PostgreSQL. */
 void leader_release(struct leader *);

@@ -1667,7 +1667,10 @@ store_counts(struct store *s, bool count_sent, struct store_counts *c)
  * leader suite checks the plan.  A row locked by someone else (an open
  * psql transaction) is skipped until a later sweep: waiting for it held
  * the leader's main loop for lock_timeout at every poll, or for good
- * with no lock_timeout. */
+ * with no lock_timeout.  At most $1 rows a statement: an operator who
+ * lowered max_retry_times over two million rows made one UPDATE that
+ * outlasted the watchdog, which killed the leader, and the next one,
+ * and rolled it back each time. */
 #define SWEEP_EXHAUSTED_SQL \
 	"UPDATE t_transactional_message" \
 	" SET message_status = 3, next_schedule_time = NULL," \
@@ -1678,12 +1681,16 @@ store_counts(struct store *s, bool count_sent, struct store_counts *c)
 	" WHERE id = ANY (ARRAY(SELECT id FROM t_transactional_message" \
 	"  WHERE message_status IN (0, 2) AND NOT deleted" \
 	"  AND current_retry_times >= max_retry_times" \
-	"  FOR UPDATE SKIP LOCKED))"
+	"  ORDER BY id LIMIT $1::int4 FOR UPDATE SKIP LOCKED))"
 
 int
-store_sweep_exhausted(struct store *s, int64_t *n)
+store_sweep_exhausted(struct store *s, int chunk, int64_t *n)
 {
-	return command_count(s, "sweep", SWEEP_EXHAUSTED_SQL, 0, NULL, n);
+	char limit[16];
+	const char *params[1] = { limit };
+
+	snprintf(limit, sizeof(limit), "%d", chunk);
+	return command_count(s, "sweep", SWEEP_EXHAUSTED_SQL, 1, params, n);
 }
 
 /* Its WHERE and ORDER BY are t_transactional_message_sent_idx (sql/007):

@@ -196,7 +196,8 @@ int store_counts(struct store *, bool count_sent, struct store_counts *)
 
 /* Compensation, run by the leader: rows whose retries ran out (e.g.
  * max_retry_times lowered by hand) become DEAD; sets *n to how many. */
-int store_sweep_exhausted(struct store *, int64_t *n) WARN_UNUSED;
+int store_sweep_exhausted(struct store *, int chunk, int64_t *n)
+    WARN_UNUSED;
 /* Deletes up to `chunk` SUCCESS rows (and their content) last edited
  * more than older_than_ms ago; sets *n to how many were deleted. */
 int store_purge_sent(struct store *, int64_t older_than_ms, int chunk,

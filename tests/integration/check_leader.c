@@ -1540,7 +1540,7 @@ START_TEST(test_claim_plan_stays_on_indexes)
 	expand_macro(src, "#define SWEEP_EXHAUSTED_SQL", NULL, NULL, NULL,
 	    NULL, sql, sizeof(sql));
 	tl_sql(db, "PREPARE sweep AS %s", sql);
-	explain_sql("EXPLAIN EXECUTE sweep", plan, sizeof(plan));
+	explain_sql("EXPLAIN EXECUTE sweep(1000)", plan, sizeof(plan));
 	ck_assert_msg(strstr(plan, "t_transactional_message_exhausted_idx")
 	    != NULL, "the sweep does not use its index:\n%s", plan);
 	ck_assert_msg(strstr(plan, "Seq Scan") == NULL &&
@@ -1774,6 +1774,31 @@ START_TEST(test_retention_purges_old_sent_rows)
 	    "t_transactional_message_content c LEFT JOIN "
 	    "t_transactional_message m ON m.id = c.message_id "
 	    "WHERE m.id IS NULL"), 0);
+	ck_assert_int_eq(stop(p), 0);
+}
+END_TEST
+
+/*
+ * 25,000 rows out of retries (an operator lowered max_retry_times over a
+ * backlog): the leader sweeps them in passes of at most 10,000, with
+ * the relay's work between them.  One UPDATE of every such row
+ * outlasted the watchdog on a big table, which killed the leader, and
+ * the next, and rolled the UPDATE back each time.
+ */
+START_TEST(test_sweep_in_passes)
+{
+	enum { N = 25000 };
+	pid_t p;
+
+	tl_sql(db, "SELECT outbox_enqueue('', 'leader.sweep', 'x', "
+	    "max_retry_times => 0) FROM generate_series(1, %d)", N);
+	p = start(NULL);
+	ck_assert_int_eq(tl_wait_sql_int(db, N, 60000, "SELECT count(*) FROM "
+	    "t_transactional_message WHERE message_status = 3"), N);
+	ck_assert(wait_log2(p, "rows out of retries marked dead",
+	    "rows=5000", 10000));
+	ck_assert_int_eq(log_count2(p, "rows out of retries marked dead",
+	    "rows=10000", NULL, 0), 2);
 	ck_assert_int_eq(stop(p), 0);
 }
 END_TEST
@@ -2086,6 +2111,7 @@ main(void)
 	add(s, "retention", test_retention_purges_old_sent_rows);
 	add(s, "purge_reads", test_purge_reads_only_what_it_deletes);
 	add(s, "purge_locked", test_purge_skips_a_locked_row);
+	add(s, "sweep_in_passes", test_sweep_in_passes);
 	add(s, "read_committed", test_sessions_read_committed);
 	add(s, "rabbitmq_nodes", test_rabbitmq_node_list_skips_dead_node);
 	add(s, "postgres_multi_host", test_postgres_multi_host_conninfo);

@@ -113,6 +113,18 @@ START_TEST(test_compensation_interval)
 }
 END_TEST
 
+/* A pass that left a backlog to sweep or purge: the next follows after
+ * four times its length, at least 100 ms (it followed 100 ms later
+ * however long it took, holding the session most of the time). */
+START_TEST(test_backlog_interval)
+{
+	ck_assert_int_eq(leader_backlog_interval_ms(0), 100);
+	ck_assert_int_eq(leader_backlog_interval_ms(25), 100);
+	ck_assert_int_eq(leader_backlog_interval_ms(26), 104);
+	ck_assert_int_eq(leader_backlog_interval_ms(300), 1200);
+}
+END_TEST
+
 /* A refused mark is tried row by row only for errors one row can
  * cause: retrying a timeout or a full disk row by row repeats it. */
 START_TEST(test_row_specific_sqlstates)
@@ -166,6 +178,7 @@ main(void)
 	tcase_add_test(tc, test_bad_row_backoff_falls_back);
 	suite_add_tcase(s, tc);
 	tcase_add_test(tc_comp, test_compensation_interval);
+	tcase_add_test(tc_comp, test_backlog_interval);
 	suite_add_tcase(s, tc_comp);
 	tcase_add_test(tc_marks, test_row_specific_sqlstates);
 	suite_add_tcase(s, tc_marks);
