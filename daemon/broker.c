@@ -67,6 +67,7 @@ bk_drop(struct broker *b)
 		amqp_destroy_connection(b->conn);
 	b->conn = NULL;
 	b->pub_open = b->check_open = b->consuming = false;
+	b->pub_stale = false;
 	b->awaiting = false;
 	b->broker_max_size = 0;
 	b->blocked_since_ms = 0;
@@ -347,6 +348,7 @@ open_channel(struct broker *b, amqp_channel_t ch, int64_t deadline)
 		return -1;
 	if (ch == CH_PUB) {
 		b->pub_open = true;
+		b->pub_stale = false;
 		b->next_tag = 1;
 	} else if (ch == CH_CHECK) {
 		b->check_open = true;
@@ -354,9 +356,67 @@ open_channel(struct broker *b, amqp_channel_t ch, int64_t deadline)
 	return 0;
 }
 
+/*
+ * Closes channel 1 ourselves and reads until the broker's close-ok,
+ * dropping what still comes for the messages published on it before:
+ * the broker sends all of that ahead of the close-ok.  Other channels'
+ * frames are handled as everywhere; a close from the broker crossing
+ * ours is answered, and its close-ok still follows.
+ */
+static int WARN_UNUSED
+close_stale_channel(struct broker *b, int64_t deadline)
+{
+	amqp_channel_close_t close = { .reply_code = AMQP_REPLY_SUCCESS,
+		.reply_text = amqp_cstring_bytes("stale confirms") };
+	int st = amqp_send_method(b->conn, CH_PUB, AMQP_CHANNEL_CLOSE_METHOD,
+	    &close);
+
+	if (st != AMQP_STATUS_OK)
+		return bk_conn_lost(b, "channel.close: %s",
+		    amqp_error_string2(st));
+	for (;;) {
+		struct timeval tv = bk_ms_to_tv(left_ms(deadline));
+		amqp_frame_t f;
+		bool method, done = false;
+		int rc = 0;
+
+		st = amqp_simple_wait_frame_noblock(b->conn, &f, &tv);
+		if (st == AMQP_STATUS_TIMEOUT && now_mono_ms() >= deadline)
+			return bk_conn_lost(b, "no channel.close-ok for the "
+			    "publishing channel in time");
+		if (st == AMQP_STATUS_TIMEOUT)
+			continue;
+		if (st != AMQP_STATUS_OK)
+			return bk_conn_lost(b, "closing the publishing channel: "
+			    "%s", amqp_error_string2(st));
+		method = f.frame_type == AMQP_FRAME_METHOD;
+		if (method && f.channel == 0)
+			rc = bk_conn_method(b, &f.payload.method);
+		else if (method && f.payload.method.id ==
+		    AMQP_CHANNEL_CLOSE_METHOD)
+			rc = bk_channel_close_ok(b, f.channel);
+		else if (method && f.channel == CH_PUB)
+			done = f.payload.method.id ==
+			    AMQP_CHANNEL_CLOSE_OK_METHOD;
+		if (rc == -1)
+			return -1;	/* nothing left to release */
+		amqp_maybe_release_buffers_on_channel(b->conn, f.channel);
+		if (done)
+			break;
+	}
+	b->pub_open = false;
+	b->pub_stale = false;
+	return 0;
+}
+
 int WARN_UNUSED
 bk_ensure_channels(struct broker *b, int64_t deadline)
 {
+	/* Not while blocked: the close would queue behind the publishes
+	 * the broker has stopped reading. */
+	if (b->pub_stale && b->pub_open && b->blocked_since_ms == 0 &&
+	    close_stale_channel(b, deadline) == -1)
+		return -1;
 	if (!b->pub_open && open_channel(b, CH_PUB, deadline) == -1)
 		return -1;
 	if (!b->check_open && open_channel(b, CH_CHECK, deadline) == -1)

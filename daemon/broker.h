@@ -114,7 +114,9 @@ const char *broker_error(const struct broker *);
  * broker_blocked_ms).  A message rejected by a channel close never
  * takes the others with it: the channel is reopened and the rest resent
  * (a message the broker took just before the close but never confirmed
- * is sent again: at-least-once).  Not connected: -1, nothing sent.
+ * is sent again: at-least-once).  Those resends share one more confirm
+ * timeout; what is pending when it runs out is BROKER_UNKNOWN, with the
+ * connection kept.  Not connected: -1, nothing sent.
  */
 int broker_publish_batch(struct broker *, const struct broker_msg *msgs,
     size_t n, struct broker_result *results) WARN_UNUSED;

@@ -80,6 +80,10 @@ struct broker {
 	amqp_connection_state_t conn;	/* NULL when disconnected */
 	char node[300];			/* host:port connected to */
 	bool pub_open, check_open;	/* channels 1 and 2 usable */
+	/* Channel 1 still has messages of a batch given up under an alarm
+	 * in flight: their late returns, acks or close would be taken for
+	 * the next batch's.  It is closed and opened afresh first. */
+	bool pub_stale;
 	bool consuming;
 	uint64_t next_tag;		/* of the next publish on channel 1 */
 	uint64_t batch_seq;

@@ -866,6 +866,21 @@ batch_start(struct batch *bt, struct broker *b,
 	xcache_trim(b);
 }
 
+/* Every message not settled yet is unknown, for why; returns how many. */
+static size_t
+finish_unsettled(struct batch *bt, const char *why)
+{
+	size_t left = 0;
+
+	for (size_t i = 0; i < bt->n; i++) {
+		if (bt->b->slots[i].state == SLOT_DONE)
+			continue;
+		finish(bt, i, BROKER_UNKNOWN, false, why);
+		left++;
+	}
+	return left;
+}
+
 /*
  * The deadline passed while the broker blocks publishing.  Whatever is
  * not settled is unknown, and goes out again later: the broker still
@@ -878,38 +893,52 @@ static void
 batch_blocked(struct batch *bt)
 {
 	struct broker *b = bt->b;
-	size_t left = 0, unconfirmed = b->win.outstanding;
+	size_t left, unconfirmed = b->win.outstanding;
 	char why[300], q[300];
 
 	strfmt(why, sizeof(why), "the broker blocks publishing: %s",
 	    b->blocked_reason);
-	for (size_t i = 0; i < bt->n; i++) {
-		if (b->slots[i].state == SLOT_DONE)
-			continue;
-		finish(bt, i, BROKER_UNKNOWN, false, why);
-		left++;
-	}
-	/* Their late confirms fall below the next window: ignored. */
+	left = finish_unsettled(bt, why);
+	/* Their late confirms fall below the next window, but a late
+	 * basic.return would name a message by an id that the next batch
+	 * may send again, and a late channel close would end the next
+	 * batch's window: the next batch first closes the channel. */
 	window_reset(&b->win, b->next_tag);
 	b->want_return_header = false;
+	b->pub_stale = b->pub_stale || unconfirmed > 0;
 	log_warn("batch left unconfirmed", "node=%s unsettled=%zu "
 	    "unconfirmed=%zu reason=%s", b->node, left, unconfirmed,
 	    log_quote(q, sizeof(q), b->blocked_reason));
+}
+
+/*
+ * The broker closed the channel again and again, and the batch's time
+ * is up.  What is still pending was not confirmed on a channel that is
+ * gone (nothing more can come for it): it goes out with a later batch.
+ */
+static void
+batch_out_of_time(struct batch *bt)
+{
+	struct broker *b = bt->b;
+	size_t left;
+	char why[300], q[300];
+
+	strfmt(why, sizeof(why), "the broker closed the publishing channel "
+	    "%u times within rabbitmq.confirm_timeout; last: %s", bt->closes,
+	    b->close_reason);
+	left = finish_unsettled(bt, why);
+	log_warn("batch out of time", "node=%s unsettled=%zu closes=%u "
+	    "reason=%s", b->node, left, bt->closes,
+	    log_quote(q, sizeof(q), b->close_reason));
 }
 
 /* Whatever is not settled when the connection goes is unknown. */
 static void
 batch_abandon(struct batch *bt)
 {
-	size_t left = 0;
+	size_t left = finish_unsettled(bt, bt->b->err);
 	char q[600];
 
-	for (size_t i = 0; i < bt->n; i++) {
-		if (bt->b->slots[i].state == SLOT_DONE)
-			continue;
-		finish(bt, i, BROKER_UNKNOWN, false, bt->b->err);
-		left++;
-	}
 	bk_drop(bt->b);
 	log_error("broker connection lost", "unsettled=%zu error=%s", left,
 	    log_quote(q, sizeof(q), bt->b->err));
@@ -946,6 +975,13 @@ broker_await_batch(struct broker *b)
 	 * The bound only stops a broker that closes the channel for
 	 * reasons of its own. */
 	size_t max_rounds = 3 * bt->n + 8;
+	/* Rounds after the first share one confirm timeout from now, not
+	 * one each: the relay gives a batch's transaction only so long.
+	 * From now, not from the send: a pipelined relay may come back to
+	 * round 0 past its deadline (a slow database), and the rest of the
+	 * batch, sent again after a channel close, would find no time left
+	 * (its connection dropped for confirms that could not have come). */
+	int64_t batch_end = now_mono_ms() + bk_confirm_ms(b);
 	int rc;
 
 	if (!b->awaiting) {
@@ -971,13 +1007,12 @@ broker_await_batch(struct broker *b)
 			batch_blocked(bt);
 			return 0;
 		}
-		/* A round publishes anew and has its own time.  A pipelined
-		 * relay may come back to round 0 past the deadline (a slow
-		 * database), and the rest of the batch, sent again after a
-		 * channel close, found it gone: the connection was dropped
-		 * for confirms that could not have come yet. */
+		if (round > 0 && now_mono_ms() >= batch_end) {
+			batch_out_of_time(bt);
+			break;
+		}
 		if (round > 0)
-			bt->deadline = now_mono_ms() + bk_confirm_ms(b);
+			bt->deadline = batch_end;
 		if (round > 0 && (batch_prepare(bt) == -1 ||
 		    batch_send(bt) == -1))
 			goto fail;

@@ -18,8 +18,22 @@ MODE close-at-the-probe: the connect's first publish (the alarm probe) is
 answered with connection.close 320 CONNECTION_FORCED, as by a node that
 is shutting down.
 
+MODE return-after-block: the connect's alarm probes are acked.  The
+next publish, a batch's first, is answered with connection.blocked, and
+nothing of that batch is confirmed.  1.5 s later comes
+connection.unblocked.  The next method on channel 1 after that (the next
+batch's publish, or a channel.close) is first answered with what a real
+broker still owed the blocked batch: a basic.return of its first message
+(NO_ROUTE) and an ack of its last; what comes later is acked.
+
+MODE close-every-round: the connect's alarm probes are acked.  From then
+on, 300 ms after the first publish on a freshly opened channel 1, the
+broker closes the channel (406, for no reason the message could show);
+nothing is ever acked.
+
 It prints "ready" once it listens, and serves until killed.
 """
+import select
 import socket
 import struct
 import sys
@@ -60,17 +74,51 @@ def read_frame(sock):
     return kind, channel, payload
 
 
+def basic_ack(channel, tag, multiple=False):
+    return method(channel, 60, 80, struct.pack(">QB", tag, multiple))
+
+
 def serve(sock, mode):
     tags = {}
+    timer = None            # (when, frames to send then)
+    blocked = None          # return-after-block: the batch's first message
+    owed = b""              # what is sent before the next method on ch 1
+    closing = False         # close-every-round: awaiting our close-ok
+    published = 0           # on this connection: the first 2 are probes
     try:
         recv_exactly(sock, 8)  # protocol header
         sock.sendall(method(0, 10, 10, b"\x00\x09" + struct.pack(">I", 0) +
                             longstr(b"PLAIN") + longstr(b"en_US")))
         while True:
+            wait = None if timer is None else max(0, timer[0] - time.time())
+            if not select.select([sock], [], [], wait)[0]:
+                sock.sendall(timer[1])
+                timer = None
+                if blocked is not None:     # unblocked: the debt is due
+                    owed = (method(1, 60, 50, struct.pack(">H", 312) +
+                                   shortstr(b"NO_ROUTE") + shortstr(b"") +
+                                   shortstr(b"q")) +
+                            frame(2, 1, blocked["header"]) +
+                            frame(3, 1, blocked["body"]) +
+                            basic_ack(1, blocked["tag"], True))
+                continue
             kind, channel, payload = read_frame(sock)
+            if blocked is not None and blocked["header"] is None:
+                if kind == 2:
+                    blocked["header"] = payload
+                continue
+            if blocked is not None and blocked["body"] is None:
+                if kind == 3:
+                    blocked["body"] = payload
+                continue
             if kind != 1:
                 continue
             cls, mid = struct.unpack(">HH", payload[:4])
+            if channel == 1 and owed and timer is None:
+                sock.sendall(owed)
+                owed = b""
+            if closing and channel == 1 and (cls, mid) != (20, 41):
+                continue
             if (cls, mid) == (10, 11):      # start-ok -> tune
                 sock.sendall(method(0, 10, 30,
                                     struct.pack(">HIH", 2047, 131072, 0)))
@@ -78,14 +126,19 @@ def serve(sock, mode):
                 sock.sendall(method(0, 10, 41, shortstr(b"")))
             elif (cls, mid) == (20, 10):    # channel.open -> open-ok
                 sock.sendall(method(channel, 20, 11, longstr(b"")))
+            elif (cls, mid) == (20, 40):    # channel.close -> close-ok
+                sock.sendall(method(channel, 20, 41))
+            elif (cls, mid) == (20, 41):    # close-ok of our close
+                closing = False
             elif (cls, mid) == (85, 10):    # confirm.select -> select-ok
                 sock.sendall(method(channel, 85, 11))
                 tags[channel] = 0
             elif (cls, mid) == (60, 40):    # basic.publish
                 tags[channel] = tags.get(channel, 0) + 1
+                tag = tags[channel]
+                published += 1
                 if mode == "ack-then-block":
-                    sock.sendall(method(channel, 60, 80,
-                                        struct.pack(">QB", tags[channel], 0)))
+                    sock.sendall(basic_ack(channel, tag))
                     time.sleep(0.05)
                     sock.sendall(method(0, 10, 60,
                                         shortstr(b"low on memory")))
@@ -98,12 +151,30 @@ def serve(sock, mode):
                                                  b"'shutdown'") +
                                         struct.pack(">HH", 0, 0)))
                 elif mode == "reset-at-the-batch":
-                    if tags[channel] > 2:
+                    if published > 2:
                         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
                                         struct.pack("ii", 1, 0))
                         return              # closed with RST by finally
-                    sock.sendall(method(channel, 60, 80,
-                                        struct.pack(">QB", tags[channel], 0)))
+                    sock.sendall(basic_ack(channel, tag))
+                elif (mode == "return-after-block" and published == 3):
+                    sock.sendall(method(0, 10, 60,
+                                        shortstr(b"low on memory")))
+                    blocked = {"tag": tag, "header": None, "body": None}
+                    timer = (time.time() + 1.5, method(0, 10, 61))
+                elif mode == "return-after-block" and timer is not None:
+                    blocked["tag"] = tag    # the blocked batch's rest
+                elif mode == "close-every-round":
+                    if published <= 2:
+                        sock.sendall(basic_ack(channel, tag))
+                    elif timer is None and not closing:
+                        closing = True
+                        timer = (time.time() + 0.3, method(
+                            channel, 20, 40, struct.pack(">H", 406) +
+                            shortstr(b"PRECONDITION_FAILED - "
+                                     b"unexplained") +
+                            struct.pack(">HH", 60, 40)))
+                else:
+                    sock.sendall(basic_ack(channel, tag))
             elif (cls, mid) == (10, 50):    # close -> close-ok
                 sock.sendall(method(0, 10, 51))
     except (EOFError, OSError):
