@@ -69,6 +69,11 @@
  * batch's transaction ends, untouched.  The content comes with its
  * length from one probe by message_id; it stays in the database (a TOAST
  * pointer) for the rows not returned.
+ *
+ * Values no cast takes must not fail the claim, or one row stops every
+ * claim: an infinite create_time is taken as now, and an infinite
+ * init_backoff (PostgreSQL 17 has them) as the longest delay, which
+ * backoff.max caps ('-infinity': a negative one, which is ignored).
  */
 #define CLAIM_SQL(extra) \
     "WITH due AS (" \
@@ -94,8 +99,11 @@
     "  coalesce(d.business_key, ''), least(greatest(" \
     "   d.current_retry_times, 0), 2147483646)::int4," \
     "  least(greatest(d.max_retry_times, 0), 2147483647)::int4," \
-    "  (extract(epoch FROM coalesce(d.init_backoff," \
-    "   interval '10 seconds')) * 1000)::int8," \
+    "  CASE WHEN isfinite(d.init_backoff) IS NOT FALSE THEN" \
+    "   (extract(epoch FROM coalesce(d.init_backoff," \
+    "   interval '10 seconds')) * 1000)::int8" \
+    "   WHEN d.init_backoff > interval '0' THEN 9223372036854775807" \
+    "   ELSE -1 END," \
     "  coalesce(d.backoff_factor, 2)::float8," \
     "  extract(epoch FROM CASE WHEN isfinite(d.create_time)" \
     "   THEN d.create_time ELSE now() END)::int8," \
@@ -140,7 +148,8 @@ static const char mark_success_sql[] =
 /* Failed rows: FAIL (2) with a new due time, or DEAD (3). */
 static const char mark_failed_sql[] =
     "UPDATE t_transactional_message t SET message_status = u.status,"
-    " current_retry_times = least(t.current_retry_times + 1, 32767),"
+    " current_retry_times = least(greatest(t.current_retry_times, 0) + 1,"
+    "  32767),"
     " last_error = u.error, edit_time = statement_timestamp(),"
     " editor = 'outboxd', next_schedule_time = CASE WHEN u.status = 2"
     "  THEN statement_timestamp() + u.delay_ms * interval '1 millisecond'"

@@ -1335,6 +1335,28 @@ START_TEST(test_wide_retry_counts)
 END_TEST
 
 /*
+ * A negative current_retry_times (set by hand, or by another tool): the
+ * claim reads it as 0, but the mark counted on from the negative value,
+ * so the row had that many attempts more than max_retry_times (32,773
+ * for -32768).  The mark counts from 0 too: the first failure is 1.
+ */
+START_TEST(test_negative_retry_count)
+{
+	char sql[512];
+	pid_t pid;
+
+	snprintf(sql, sizeof(sql), "SELECT outbox_enqueue("
+	    "'badrows.none.%s', 'k', 'x', business_key => 'negative', "
+	    "init_backoff => '1 hour'); UPDATE t_transactional_message SET "
+	    "current_retry_times = -5 WHERE business_key = 'negative'", uniq);
+	pid = start_with(BASE_YAML, sql);
+	assert_row("negative", 2, 1, "NOT_FOUND");
+	assert_good_delivered();
+	assert_still_serving(pid);
+}
+END_TEST
+
+/*
  * A table from before outboxd, kept by migration 001's IF NOT EXISTS,
  * with an integer id and a real backoff_factor (the schema check does
  * not look at their types).  Both were read as 8 bytes: every row was
@@ -1411,6 +1433,7 @@ main(void)
 	tcase_add_test(tc, test_null_numbers);
 	tcase_add_test(tc, test_narrow_id_and_factor);
 	tcase_add_test(tc, test_wide_retry_counts);
+	tcase_add_test(tc, test_negative_retry_count);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
