@@ -273,21 +273,26 @@ cmd_purge(struct store *s, int argc, char **argv)
 	return 0;
 }
 
+/* writes: the command needs a server that takes writes.  With several
+ * hosts in postgres.conninfo (a failover pair), libpq then skips a
+ * standby; the others read a standby as well. */
 static const struct {
 	const char *name;
 	int (*fn)(struct store *, int, char **);
+	bool writes;
 } commands[] = {
-	{ "migrate", cmd_migrate },
-	{ "status", cmd_status },
-	{ "dead", cmd_dead },
-	{ "replay", cmd_replay },
-	{ "purge", cmd_purge },
+	{ "migrate", cmd_migrate, true },
+	{ "status", cmd_status, false },
+	{ "dead", cmd_dead, false },
+	{ "replay", cmd_replay, true },
+	{ "purge", cmd_purge, true },
 };
 
 int
 cli_admin(const struct config *cfg, const char *command, int argc,
     char **argv)
 {
+	struct store_conf conf = cfg->store;
 	struct store *s;
 	int rc;
 
@@ -297,7 +302,8 @@ cli_admin(const struct config *cfg, const char *command, int argc,
 		rc = commands[i].fn(NULL, argc, argv);
 		if (rc != 0)
 			return rc;
-		s = store_new(&cfg->store);
+		conf.read_write = commands[i].writes;
+		s = store_new(&conf);
 		if (store_connect(s) == -1)
 			rc = fail(s);
 		else

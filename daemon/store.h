@@ -36,7 +36,7 @@ struct store_conf {
 	 * (target_session_attrs=read-write unless the conninfo sets it), so
 	 * that libpq passes over a standby in a host list and a read-only
 	 * server is reported at connect, not by every claim.  Off for the
-	 * CLI, whose status and dead-row list read a standby fine. */
+	 * CLI's status and dead-row list, which read a standby fine. */
 	bool read_write;
 };
 

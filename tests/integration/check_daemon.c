@@ -1465,6 +1465,44 @@ START_TEST(test_read_only_server)
 }
 END_TEST
 
+/*
+ * The CLI's writing commands (migrate, replay, purge) ask libpq for a
+ * server that takes writes, as the daemon does: with a failover pair in
+ * postgres.conninfo they pass over a standby, and on a read-only server
+ * they say so at connect.  They asked for any server, and so failed on
+ * the standby ("cannot execute UPDATE in a read-only transaction") that
+ * an old primary becomes, while the daemon went on.  status and dead
+ * still read a read-only server.
+ */
+START_TEST(test_cli_writes_need_a_writable_server)
+{
+	char cfg[512], out[4096], err[4096];
+
+	tl_config_write(cfg, sizeof(cfg), NULL);
+	tl_sql(db, "SET default_transaction_read_only = off");
+	read_only_server(true);
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    cfg, "status", NULL), 0);
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    cfg, "dead", NULL), 0);
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    cfg, "replay", "--all", NULL), 1);
+	ck_assert_msg(strstr(err, "session is read-only") != NULL, "replay: "
+	    "%s", err);
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    cfg, "purge", "--older-than", "7d", NULL), 1);
+	ck_assert_msg(strstr(err, "session is read-only") != NULL, "purge: "
+	    "%s", err);
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    cfg, "migrate", NULL), 1);
+	ck_assert_msg(strstr(err, "session is read-only") != NULL, "migrate: "
+	    "%s", err);
+	read_only_server(false);
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    cfg, "replay", "--all", NULL), 0);
+}
+END_TEST
+
 /* --- passwords rotated -------------------------------------------------- */
 
 
@@ -3565,6 +3603,7 @@ main(void)
 	tcase_add_test(tc, test_lost_mid_send_releases_only_what_went);
 	tcase_add_test(tc, test_full_queue_nacks_are_retried);
 	tcase_add_test(tc, test_read_only_server);
+	tcase_add_test(tc, test_cli_writes_need_a_writable_server);
 	tcase_add_test(tc, test_claim_after_a_column_changes_type);
 	tcase_add_test(tc, test_secrets_never_logged);
 	tcase_add_test(tc, test_password_files_read_at_each_connect);
