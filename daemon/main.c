@@ -8,6 +8,7 @@
 #include <stdbool.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -71,6 +72,12 @@ close_wakes(void)
 }
 /* relay.shutdown_timeout in whole seconds, for the handler's alarm(). */
 static volatile sig_atomic_t shutdown_timeout_s;
+/* The worker relays, told of a stop by the handler itself: the main
+ * loop sees the stop only once its own batch is done, and until then
+ * the workers claimed new batches, which could outlast
+ * relay.shutdown_timeout (its rows then sent again). */
+static _Atomic(struct workers *) signal_workers;
+_Static_assert(ATOMIC_POINTER_LOCK_FREE == 2, "read in a signal handler");
 
 static void
 on_stop(int sig)
@@ -80,6 +87,7 @@ on_stop(int sig)
 	if (stop_requested)
 		_exit(1);
 	stop_requested = 1;
+	workers_ask_to_stop(atomic_load(&signal_workers));
 	/* If the batch in flight cannot finish in time, SIGALRM ends the
 	 * process (on_shutdown_timeout): its rows stay due and are sent
 	 * again later. */
@@ -433,6 +441,9 @@ run_daemon(struct config *cfg)
 		close_wakes();
 		return 1;
 	}
+	atomic_store(&signal_workers, d.workers);
+	if (stop_requested)	/* a stop before the workers were known */
+		workers_ask_to_stop(d.workers);
 	if (sd_watchdog_enabled(0, &watchdog_us) <= 0)
 		watchdog_us = 0;
 	log_info("outboxd starting", "version=%s config=%s mode=%s "
@@ -476,6 +487,8 @@ run_daemon(struct config *cfg)
 	 * awaited, its rows marked); what is left is to let go. */
 	sd_notify(0, "STOPPING=1");
 	totals = *relay_stats(d.relay);
+	/* Any signal from here on ends the process at once (on_stop). */
+	atomic_store(&signal_workers, NULL);
 	workers_stop(d.workers, &totals);
 	leader_release(d.leader);
 	log_info("outboxd stopped", "published=%" PRIu64 " failed=%" PRIu64

@@ -171,8 +171,11 @@ workers_start(int n, bool active, const struct relay_conf *rconf,
 	return p;
 }
 
+/* workers_ask_to_stop() runs in a signal handler. */
+_Static_assert(ATOMIC_BOOL_LOCK_FREE == 2, "the stop flag must be lock-free");
+
 void
-workers_stop(struct workers *p, struct relay_stats *sum)
+workers_ask_to_stop(struct workers *p)
 {
 	uint64_t one = 1;
 
@@ -182,6 +185,14 @@ workers_stop(struct workers *p, struct relay_stats *sum)
 	/* Never read: it stays readable and ends every later wait too. */
 	if (p->wake_fd != -1)
 		(void)!write(p->wake_fd, &one, sizeof(one));
+}
+
+void
+workers_stop(struct workers *p, struct relay_stats *sum)
+{
+	if (p == NULL)
+		return;
+	workers_ask_to_stop(p);
 	for (int i = 0; i < p->n; i++) {
 		struct worker *w = &p->w[i];
 

@@ -29,6 +29,10 @@ struct workers;
 struct workers *workers_start(int n, bool active, const struct relay_conf *,
     const struct store_conf *, const struct broker_conf *,
     struct suspects *, char *err, size_t errlen);
+/* Asks every worker to claim nothing more and to stop after its batch,
+ * without waiting.  Safe in a signal handler: a stop must not leave the
+ * workers claiming while the main relay finishes its own batch. */
+void workers_ask_to_stop(struct workers *);
 /* Asks every worker to stop, waits for each to finish its batch (its
  * confirms awaited, its rows marked), adds their counters to *sum (when
  * not NULL) and frees them.  NULL is a no-op. */

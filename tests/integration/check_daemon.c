@@ -2958,6 +2958,62 @@ START_TEST(test_stop_during_a_mark)
 END_TEST
 
 /*
+ * A stop while the main relay waits for its batch's mark, here held 5 s
+ * by a trigger on the main relay's session only (the one that holds the
+ * leader's advisory lock, Redis being off), while a worker drains a
+ * backlog.  The worker heard of the stop only once the main relay was
+ * done, and claimed new batches until then; one claimed late could
+ * outlast relay.shutdown_timeout, its rows then sent again.  Now the
+ * signal reaches it at once: nothing is marked after the stop but what
+ * was in flight.
+ */
+#define MAIN_RELAY_ASLEEP "SELECT count(*) FROM pg_stat_activity a " \
+    "JOIN pg_locks l ON l.pid = a.pid WHERE l.locktype = 'advisory' AND " \
+    "l.objid = 7400314 AND l.granted AND a.wait_event = 'PgSleep'"
+
+START_TEST(test_stop_reaches_the_workers_at_once)
+{
+	char *log, at[64];
+	long long late;
+	pid_t pid;
+
+	tl_sql(db, "CREATE OR REPLACE FUNCTION dmn_slow_mark()"
+	    " RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+	    " IF current_setting('dmn.slept', true) IS DISTINCT FROM 'on'"
+	    "  AND pg_backend_pid() IN (SELECT pid FROM pg_locks WHERE"
+	    "  locktype = 'advisory' AND objid = 7400314 AND granted) THEN"
+	    "  PERFORM set_config('dmn.slept', 'on', true);"
+	    "  PERFORM pg_sleep(5); END IF; RETURN NEW; END $$");
+	tl_sql(db, "DROP TRIGGER IF EXISTS dmn_slow_mark ON "
+	    "t_transactional_message");
+	tl_sql(db, "CREATE TRIGGER dmn_slow_mark BEFORE UPDATE ON"
+	    " t_transactional_message FOR EACH ROW WHEN"
+	    " (NEW.message_status = 1 AND NEW.routing_key = 'dmn.stopworkers')"
+	    " EXECUTE FUNCTION dmn_slow_mark()");
+	pid = start_ready("dmn.stopworkers", "relay.workers: 2\n"
+	    "relay.batch_size: 100\nrelay.poll_interval: 100ms\n"
+	    "redis.enabled: false\n", &log);
+	enqueue("dmn.stopworkers", 20000);
+	ck_assert_int_eq(tl_wait_sql_int(db, 1, 20000, MAIN_RELAY_ASLEEP), 1);
+	/* The worker is at work (the main relay holds its 100 rows). */
+	ck_assert_int_eq(tl_wait_sql_int(db, 1, 20000, "SELECT (count(*) >= "
+	    "300)::int FROM t_transactional_message WHERE message_status = 1"),
+	    1);
+	ck_assert_int_eq(tl_sql_int(db, MAIN_RELAY_ASLEEP), 1);
+	tl_sql_text(db, at, sizeof(at), "SELECT clock_timestamp()::text");
+	kill(pid, SIGTERM);
+	ck_assert_int_eq(tl_outboxd_wait(pid, 30000), 0);
+	late = tl_sql_int(db, "SELECT count(*) FROM t_transactional_message "
+	    "WHERE message_status = 1 AND edit_time > '%s'::timestamptz + "
+	    "%d * interval '1 millisecond'", at, 500 * tl_slowdown());
+	tl_sql(db, "DROP TRIGGER dmn_slow_mark ON t_transactional_message");
+	tl_sql(db, "DROP FUNCTION dmn_slow_mark()");
+	ck_assert_msg(late == 0, "%lld rows marked after the stop", late);
+	free(log);
+}
+END_TEST
+
+/*
  * A session killed at each mark (here by a trigger; a pooler or a
  * watchdog script that ends sessions does the same) is a short-lived
  * connection: the next connect waits with the reconnect pacing, a
@@ -3603,6 +3659,7 @@ main(void)
 	tcase_add_test(tc, test_lost_mid_send_releases_only_what_went);
 	tcase_add_test(tc, test_full_queue_nacks_are_retried);
 	tcase_add_test(tc, test_read_only_server);
+	tcase_add_test(tc, test_stop_reaches_the_workers_at_once);
 	tcase_add_test(tc, test_cli_writes_need_a_writable_server);
 	tcase_add_test(tc, test_claim_after_a_column_changes_type);
 	tcase_add_test(tc, test_secrets_never_logged);
