@@ -422,7 +422,7 @@ run_daemon(struct config *cfg)
 	signal_wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 	if (signal_wake_fd == -1)	/* signals then act at a wait's end */
 		log_warn("no eventfd for signals", "error=%s",
-		    strerror(errno));
+		    log_quote((char[128]){ 0 }, 128, strerror(errno)));
 	relay_set_wake_fd(d.relay, signal_wake_fd);
 	install_signals();
 	d.workers = workers_start(cfg->relay.workers - 1,

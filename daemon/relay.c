@@ -1052,7 +1052,8 @@ nap(struct relay *r, int64_t timeout_ms)
 	if (timeout_ms <= 0)
 		return;
 	if (poll(&pfd, 1, (int)timeout_ms) == -1 && errno != EINTR)
-		log_warn("poll failed", "error=%s", strerror(errno));
+		log_warn("poll failed", "error=%s",
+		    log_quote((char[128]){ 0 }, 128, strerror(errno)));
 }
 
 /* Waits for a NOTIFY on the store's socket, a signal, the wake fd, a
@@ -1088,7 +1089,8 @@ wait_for_work(struct relay *r, int64_t timeout_ms)
 	}
 	/* poll() skips negative fds: no wake or kick fd, fewer entries. */
 	if (poll(pfd, 3, (int)timeout_ms) == -1 && errno != EINTR) {
-		log_warn("poll failed", "error=%s", strerror(errno));
+		log_warn("poll failed", "error=%s",
+		    log_quote((char[128]){ 0 }, 128, strerror(errno)));
 		return;
 	}
 	if (pfd[0].revents != 0 && store_drain_notifies(r->store) == -1)
@@ -1185,7 +1187,8 @@ wait_for_unblock(struct relay *r, int64_t max_wait_ms)
 		return;
 	pfd[0].fd = broker_socket(r->broker);
 	if (poll(pfd, 2, (int)max_wait_ms) == -1 && errno != EINTR)
-		log_warn("poll failed", "error=%s", strerror(errno));
+		log_warn("poll failed", "error=%s",
+		    log_quote((char[128]){ 0 }, 128, strerror(errno)));
 	tick_broker(r);
 }
 
