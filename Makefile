@@ -74,7 +74,13 @@ $(B)/%.o: %.c $(wildcard daemon/*.h) $(wildcard tests/lib/*.h)
 # The migrations are compiled into the binary, so `outboxd migrate` needs
 # no files at run time.  Each file becomes one C string, with the index
 # its "-- outboxd: online index NAME" line names, if any.
+# The migrations must be ASCII: outboxd sends them in UTF-8, which a
+# database in another encoding (LATIN1) refuses for any character it
+# lacks, even in a comment.
 $(B)/gen/migrations.c: $(SQL_FILES) Makefile
+	@if LC_ALL=C grep -n '[^[:print:][:space:]]' $(SQL_FILES); then \
+		echo "sql/: migrations must be ASCII (lines above)" >&2; \
+		exit 1; fi
 	@mkdir -p $(dir $@)
 	@awk 'BEGIN { print "/* Generated from the sql/ files by the Makefile. */"; \
 		print "#include \"migrations.h\""; \

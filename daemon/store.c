@@ -393,26 +393,29 @@ store_connect(struct store *s)
 	 * keepalive probes only while nothing sent is unacknowledged: a
 	 * host that vanishes with a query on the wire is noticed only by
 	 * the retransmissions' limit (tcp_retries2, some 15 minutes) unless
-	 * TCP_USER_TIMEOUT bounds them.
+	 * TCP_USER_TIMEOUT bounds them.  Text comes in UTF-8 whatever the
+	 * database's encoding: names and headers go to the broker as they
+	 * are, and AMQP's are UTF-8 (a LATIN1 database's "café" reached
+	 * the broker as other bytes, a name no consumer had bound).
 	 */
 	const char *keys[] = { "keepalives", "keepalives_idle",
 		"keepalives_interval", "keepalives_count", "tcp_user_timeout",
 		"target_session_attrs", "dbname", "connect_timeout",
-		"application_name", "password", NULL };
+		"application_name", "client_encoding", "password", NULL };
 	const char *vals[] = { "1", "10", "5", "3", PG_USER_TIMEOUT_MS,
 		s->conf.read_write ? "read-write" : NULL, s->conf.conninfo,
 		timeout, s->conf.application_name ?
-		s->conf.application_name : "outboxd", NULL, NULL };
+		s->conf.application_name : "outboxd", "UTF8", NULL, NULL };
 
 	store_disconnect(s);
 	secret_reread(&s->password, s->conf.password_file,
 	    "postgres.password_file");
-	vals[9] = s->password;
+	vals[10] = s->password;
 	/* libpq counts whole seconds and treats 1 as 2. */
 	snprintf(timeout, sizeof(timeout), "%" PRId64,
 	    (s->conf.connect_timeout_ms + 999) / 1000);
 	if (s->password == NULL)
-		keys[9] = NULL;
+		keys[10] = NULL;
 	s->conn = PQconnectdbParams(keys, vals, 1);
 	if (PQstatus(s->conn) != CONNECTION_OK) {
 		set_error(s, "postgres connect", PQerrorMessage(s->conn));

@@ -38,7 +38,7 @@ AS $fn$
     SELECT id FROM m
 $fn$;
 
--- The same for text payloads (JSON, XML, …), stored as UTF-8 bytes.  An
+-- The same for text payloads (JSON, XML, ...), stored as UTF-8 bytes.  An
 -- untyped literal resolves to this one.
 CREATE OR REPLACE FUNCTION outbox_enqueue(
     exchange         text,

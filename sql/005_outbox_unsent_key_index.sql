@@ -2,7 +2,7 @@
 -- a key.  Over every unsent row, the planner sometimes chose it for the
 -- claim itself and sorted the whole backlog per batch (docs/PERFORMANCE.md);
 -- the ordering check only ever looks up rows with a key, and
--- "business_key = …" proves "business_key IS NOT NULL", so it still fits.
+-- "business_key = ..." proves "business_key IS NOT NULL", so it still fits.
 -- Only when the index is not the narrow one yet: the psql recipe runs every
 -- file again at each upgrade, and a rebuild holds producers' inserts back.
 

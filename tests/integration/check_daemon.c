@@ -2244,6 +2244,51 @@ START_TEST(test_enqueue_ignores_the_callers_search_path)
 }
 END_TEST
 
+/*
+ * A database whose encoding is not UTF-8 (LATIN1 here).  libpq hands
+ * text over in the database's encoding unless asked, so a routing key
+ * with a non-ASCII letter reached the broker as LATIN1 bytes: not the
+ * name of the queue the consumer declared, and the row failed as
+ * unroutable.  outboxd asks for UTF-8, which AMQP's names are.
+ */
+START_TEST(test_database_not_in_utf8)
+{
+	static const char queue[] = "dmn.latin1.caf\xc3\xa9";
+	char conninfo[600], yaml[800], cfg[512], out[4096], err[4096];
+	struct tl_amqp *a = tl_amqp_open();
+	struct tl_msg m;
+	PGconn *l;
+	pid_t pid;
+
+	tl_sql(db, "DROP DATABASE IF EXISTS outbox_latin1 WITH (FORCE)");
+	tl_sql(db, "CREATE DATABASE outbox_latin1 ENCODING 'LATIN1' "
+	    "LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0");
+	snprintf(conninfo, sizeof(conninfo), "%s dbname=outbox_latin1",
+	    tl_env("OUTBOXD_PG_CONNINFO"));
+	tl_queue(a, queue, "", "");
+	tl_consume(a, queue);
+	snprintf(yaml, sizeof(yaml), "postgres.conninfo: \"%s\"\n"
+	    "redis.key: \"dmn:leader:latin1\"\n", conninfo);
+	tl_config_write(cfg, sizeof(cfg), yaml);
+	ck_assert_msg(tl_outboxd_cli(out, sizeof(out), err, sizeof(err), cfg,
+	    "migrate", NULL) == 0, "migrate: %s", err);
+	pid = tl_outboxd_start_file(cfg);
+	l = PQconnectdb(conninfo);
+	ck_assert_msg(PQstatus(l) == CONNECTION_OK, "%s", PQerrorMessage(l));
+	tl_sql(l, "SET client_encoding = 'UTF8'");
+	tl_sql(l, "SELECT outbox_enqueue('', '%s', 'bonjour')", queue);
+	ck_assert_int_eq(tl_wait_sql_int(l, 1, 20000, "SELECT count(*) FROM "
+	    "t_transactional_message WHERE message_status = 1"), 1);
+	ck_assert(tl_next(a, 10000, &m));
+	ck_assert_str_eq(m.routing_key, queue);
+	tl_msg_free(&m);
+	ck_assert_int_eq(tl_outboxd_stop(pid, 25000), 0);
+	PQfinish(l);
+	tl_sql(db, "DROP DATABASE outbox_latin1 WITH (FORCE)");
+	tl_amqp_close(a);
+}
+END_TEST
+
 /* A producer's insert, bounded: it must not queue behind the build. */
 static void
 assert_insert_goes_through(void)
@@ -3634,6 +3679,7 @@ main(void)
 	tcase_add_test(tc, test_migrations_run_again_beside_producers);
 	tcase_add_test(tc, test_migrate_beside_an_empty_first_schema);
 	tcase_add_test(tc, test_enqueue_ignores_the_callers_search_path);
+	tcase_add_test(tc, test_database_not_in_utf8);
 	tcase_add_test(tc, test_migrate_refuses_a_seed_table);
 	tcase_add_test(tc, test_cli_odd_rows_and_usage);
 	tcase_add_test(tc, test_cli_dead_and_replay_filters);
