@@ -25,6 +25,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "relay.h"
+#include "refused.h"
 #include "suspects.h"
 #include "workers.h"
 
@@ -212,6 +213,9 @@ load_config(struct config *cfg, const char *path)
  * once: two full batches for each of four relays, and a table that
  * stays untouched memory until a loss writes it. */
 #define SUSPECTS_CAP 8192
+/* Rows whose marks are refused, left out of claims (refused.h); each
+ * claim sends at most STORE_SKIP_MAX of them. */
+#define REFUSED_CAP STORE_SKIP_MAX
 
 struct daemon {
 	struct config *cfg;
@@ -220,6 +224,7 @@ struct daemon {
 	struct broker *broker;
 	struct relay *relay;		/* the main thread's own */
 	struct suspects *suspects;	/* every relay's (suspects.h) */
+	struct refused *refused;	/* every relay's (refused.h) */
 	struct workers *workers;	/* relay.workers - 1 more */
 	struct leader *leader;
 	struct http *http;
@@ -414,8 +419,9 @@ run_daemon(struct config *cfg)
 	d.store2 = cfg->relay.pipeline ? store_new(&cfg->store) : NULL;
 	d.broker = broker_new(&cfg->broker);
 	d.suspects = suspects_new(SUSPECTS_CAP);
+	d.refused = refused_new(REFUSED_CAP);
 	d.relay = relay_new(&cfg->relay, d.store, d.store2, d.broker,
-	    d.suspects);
+	    d.suspects, d.refused);
 	d.leader = leader_new(&cfg->lock, &cfg->relay, d.store);
 	shutdown_timeout_s = (sig_atomic_t)((cfg->relay.shutdown_timeout_ms +
 	    999) / 1000);
@@ -427,13 +433,14 @@ run_daemon(struct config *cfg)
 	install_signals();
 	d.workers = workers_start(cfg->relay.workers - 1,
 	    cfg->relay.mode == RELAY_PARALLEL, &cfg->relay, &cfg->store,
-	    &cfg->broker, d.suspects, err, sizeof(err));
+	    &cfg->broker, d.suspects, d.refused, err, sizeof(err));
 	if (d.workers == NULL) {
 		log_error("cannot start", "error=%s",
 		    log_quote((char[300]){ 0 }, 300, err));
 		leader_free(d.leader);
 		relay_free(d.relay);
 		suspects_free(d.suspects);
+		refused_free(d.refused);
 		broker_free(d.broker);
 		store_free(d.store2);
 		store_free(d.store);
@@ -496,6 +503,7 @@ run_daemon(struct config *cfg)
 	leader_free(d.leader);
 	relay_free(d.relay);
 	suspects_free(d.suspects);
+	refused_free(d.refused);
 	broker_free(d.broker);
 	store_free(d.store2);
 	store_free(d.store);

@@ -15,6 +15,7 @@
 
 #include "log.h"
 #include "metrics.h"
+#include "refused.h"
 #include "suspects.h"
 
 enum side_state {
@@ -67,6 +68,7 @@ struct relay {
 	struct store *store;
 	struct broker *broker;
 	struct suspects *suspects;	/* shared by the process's relays */
+	struct refused *refused;	/* shared too */
 	struct backoff_rng rng;
 	struct relay_stats stats;
 	bool include_retries;
@@ -97,7 +99,7 @@ struct relay {
 struct relay *
 relay_new(const struct relay_conf *conf, struct store *store,
     struct store *pipeline_store, struct broker *broker,
-    struct suspects *suspects)
+    struct suspects *suspects, struct refused *refused)
 {
 	struct relay *r = xcalloc(1, sizeof(*r));
 
@@ -106,6 +108,7 @@ relay_new(const struct relay_conf *conf, struct store *store,
 	r->sides[1].store = pipeline_store;
 	r->broker = broker;
 	r->suspects = suspects;
+	r->refused = refused;
 	r->include_retries = true;
 	r->wake_fd = -1;
 	r->kick_fd = -1;
@@ -507,13 +510,17 @@ cycle_failed(struct relay *r, struct store *failed)
 static void
 cycle_done(struct relay *r)
 {
-	if (r->failing_since_ms != 0) {
-		log_info("relaying again", "failed_for_ms=%" PRId64,
-		    now_mono_ms() - r->failing_since_ms);
-		r->failing_since_ms = 0;
-		backoff_cursor_reset(&r->cycle_retry);
-		log_limit_reset(&r->cycle_log);
-	}
+	if (r->failing_since_ms == 0)
+		return;
+	backoff_cursor_reset(&r->cycle_retry);
+	/* Rows whose marks were refused still wait for a try: failing
+	 * until they are marked (refused_marks). */
+	if (refused_count(r->refused) > 0)
+		return;
+	log_info("relaying again", "failed_for_ms=%" PRId64,
+	    now_mono_ms() - r->failing_since_ms);
+	r->failing_since_ms = 0;
+	log_limit_reset(&r->cycle_log);
 }
 
 int64_t
@@ -581,7 +588,11 @@ side_claim(struct relay *r, struct side *x, int64_t lock_timeout_ms)
 		.lock_timeout_ms = lock_timeout_ms,
 		.max_payload = r->conf.max_payload,
 		.max_batch_bytes = RELAY_BATCH_BYTES };
+	int64_t skip[STORE_SKIP_MAX];
 
+	opts.skip_ids = skip;
+	opts.n_skip = refused_held(r->refused, now_mono_ms(), skip,
+	    STORE_SKIP_MAX);
 	x->claimed_us = now_mono_us();
 	if (store_claim(x->store, &opts, &x->batch) == -1)
 		return -1;
@@ -736,38 +747,38 @@ side_settle(struct relay *r, struct side *x, int broker_rc)
 /*
  * The database refused some of x's marks (store_finish returned 1): the
  * rows it made DEAD instead are counted as such, with the refusal as
- * their error; a row whose every mark was refused stays due, and the
- * next cycle waits like a failed one, or it would be sent again at once.
- * The batch is one failed cycle, however many rows stayed: the pacing
- * was stepped once per row, and 9 such rows made the first wait 15 s.
- * Returns how many rows stayed due.
+ * their error.  A row whose every mark was refused stays due, and is
+ * left out of the claims until its next try (refused.h); the relay
+ * goes on with the other rows.  It paced itself instead, and a backlog
+ * behind such a row went one batch per reconnect.max.  /healthz says
+ * failing meanwhile (cycle_done).  Returns how many rows stayed due.
  */
 static size_t
 refused_marks(struct relay *r, struct side *x, size_t n)
 {
+	int64_t now = now_mono_ms();
 	size_t left = 0;
-	int64_t wait;
 
-	for (size_t i = 0; i < n; i++) {
-		if (x->marks[i].refused == NULL)
-			continue;
-		x->why[i] = METRICS_FAIL_MARK_REFUSED;
-		left += x->marks[i].kind == MARK_RELEASE;
-	}
-	if (left == 0)
-		return 0;
-	wait = cycle_failed(r, NULL);
 	for (size_t i = 0; i < n; i++) {
 		const struct store_mark *m = &x->marks[i];
+		int64_t wait;
 
-		if (m->refused == NULL || m->kind != MARK_RELEASE)
+		if (m->refused == NULL)
 			continue;
+		x->why[i] = METRICS_FAIL_MARK_REFUSED;
+		if (m->kind != MARK_RELEASE)
+			continue;
+		left++;
+		wait = refused_hold(r->refused, m->id,
+		    r->conf.reconnect.init_ms, r->conf.reconnect.max_ms, now);
 		r->stats.released++;
 		metrics_inc_released(1);
 		log_event_limited(&r->cycle_log, LOG_ERROR, "marking failed",
 		    "id=%" PRId64 " retry_in_ms=%" PRId64 " error=%s", m->id,
 		    wait, log_quote((char[600]){ 0 }, 600, m->refused));
 	}
+	if (left > 0 && r->failing_since_ms == 0)
+		r->failing_since_ms = now;
 	return left;
 }
 
@@ -792,6 +803,9 @@ side_mark(struct relay *r, struct side *x)
 	}
 	r->store_link.proven = true;
 	left = rc == 1 ? refused_marks(r, x, n) : 0;
+	for (size_t i = 0; i < n && refused_count(r->refused) > 0; i++)
+		if (x->marks[i].kind != MARK_RELEASE)
+			refused_clear(r->refused, x->marks[i].id);
 	count_marks(r, x, n);
 	if (left == 0)
 		cycle_done(r);

@@ -67,12 +67,14 @@ struct relay_stats {
 struct relay;
 
 struct suspects;
+struct refused;
 
 /* The relay uses, but does not own, its sessions, the broker and the
  * process's suspects (suspects.h).  A second session (pipeline_store;
  * NULL for none) makes it pipelined: see relay.pipeline. */
 struct relay *relay_new(const struct relay_conf *, struct store *,
-    struct store *pipeline_store, struct broker *, struct suspects *);
+    struct store *pipeline_store, struct broker *, struct suspects *,
+    struct refused *);
 void relay_free(struct relay *);
 /* Applies a reloaded config (batch size, intervals, backoff). */
 void relay_set_conf(struct relay *, const struct relay_conf *);

@@ -79,6 +79,7 @@
     "WITH due AS (" \
     " SELECT * FROM t_transactional_message m" \
     " WHERE " DUE_PREDICATE extra \
+    "  AND m.id <> ALL($5::int8[])" \
     "  AND ($2 = false OR coalesce(m.business_key, '') = ''" \
     "   OR NOT EXISTS (" \
     "   SELECT 1 FROM t_transactional_message o" \
@@ -508,8 +509,8 @@ static const struct statement {
 	const char *name, *sql;
 	int nparams;
 } statements[] = {
-	{ "claim_all", claim_all_sql, 4 },
-	{ "claim_new", claim_new_sql, 4 },
+	{ "claim_all", claim_all_sql, 5 },
+	{ "claim_new", claim_new_sql, 5 },
 	{ "mark_success", mark_success_sql, 1 },
 	{ "mark_failed", mark_failed_sql, 4 },
 	{ "next_due_all", next_due_all_sql, 0 },
@@ -1152,15 +1153,22 @@ store_claim(struct store *s, const struct store_claim_opts *opts,
     struct store_batch *batch)
 {
 	char limit[16], max_payload[24], max_bytes[24];
-	const char *params[4] = { limit, opts->ordered_by_key ? "t" : "f",
-		max_payload, max_bytes };
+	char skip[STORE_SKIP_MAX * 21 + 3];
+	const char *params[5] = { limit, opts->ordered_by_key ? "t" : "f",
+		max_payload, max_bytes, skip };
 	char begin[256];
 	PGresult *res;
+	size_t len;
 
 	batch->rows = NULL;
 	batch->n = 0;
 	batch->cut_short = false;
 	snprintf(limit, sizeof(limit), "%d", opts->limit);
+	len = (size_t)snprintf(skip, sizeof(skip), "{");
+	for (size_t i = 0; i < opts->n_skip && i < STORE_SKIP_MAX; i++)
+		len += (size_t)snprintf(skip + len, sizeof(skip) - len,
+		    "%s%" PRId64, i > 0 ? "," : "", opts->skip_ids[i]);
+	snprintf(skip + len, sizeof(skip) - len, "}");
 	snprintf(max_payload, sizeof(max_payload), "%" PRIu64,
 	    claim_bound(opts->max_payload));
 	snprintf(max_bytes, sizeof(max_bytes), "%" PRIu64,
@@ -1193,7 +1201,7 @@ store_claim(struct store *s, const struct store_claim_opts *opts,
 	}
 	s->in_transaction = true;
 	res = PQexecPrepared(s->conn, opts->include_retries ? "claim_all" :
-	    "claim_new", 4, params, NULL, NULL, 1);
+	    "claim_new", 5, params, NULL, NULL, 1);
 	if (PQresultStatus(res) != PGRES_TUPLES_OK) {
 		set_result_error(s, res, "claim");
 		store_abort(s, batch);

@@ -115,7 +115,14 @@ struct store_claim_opts {
 	 * max_batch_bytes (its first row is always in). */
 	size_t max_payload;
 	size_t max_batch_bytes;
+	/* Rows left out of this claim (at most STORE_SKIP_MAX): those
+	 * whose marks the database refuses wait for their next try
+	 * (refused.h). */
+	const int64_t *skip_ids;
+	size_t n_skip;
 };
+
+#define STORE_SKIP_MAX 64
 
 struct store;
 

@@ -109,7 +109,8 @@ worker_free(struct worker *w)
 struct workers *
 workers_start(int n, bool active, const struct relay_conf *rconf,
     const struct store_conf *sconf, const struct broker_conf *bconf,
-    struct suspects *suspects, char *err, size_t errlen)
+    struct suspects *suspects, struct refused *refused, char *err,
+    size_t errlen)
 {
 	struct workers *p = xcalloc(1, sizeof(*p));
 	sigset_t all, old;
@@ -151,7 +152,7 @@ workers_start(int n, bool active, const struct relay_conf *rconf,
 		w->store2 = rconf->pipeline ? store_new(sconf) : NULL;
 		w->broker = broker_new(bconf);
 		w->relay = relay_new(rconf, w->store, w->store2, w->broker,
-		    suspects);
+		    suspects, refused);
 		relay_set_wake_fd(w->relay, p->wake_fd);
 		relay_set_kick_fd(w->relay, w->kick_fd);
 		atomic_init(&w->heartbeat_ms, now_mono_ms());

@@ -21,14 +21,15 @@ struct workers;
 
 /*
  * Starts n worker threads (0 is valid: none), each with a copy of the
- * three confs and the process's suspects (shared, not owned); they relay new rows at once when active, else stand by
+ * three confs and the process's suspects and refused rows (shared, not
+ * owned); they relay new rows at once when active, else stand by
  * until workers_set_role().  Signals stay with the calling thread.  NULL
  * with err set when a thread cannot be created (the ones started are
  * stopped).
  */
 struct workers *workers_start(int n, bool active, const struct relay_conf *,
     const struct store_conf *, const struct broker_conf *,
-    struct suspects *, char *err, size_t errlen);
+    struct suspects *, struct refused *, char *err, size_t errlen);
 /* Asks every worker to claim nothing more and to stop after its batch,
  * without waiting.  Safe in a signal handler: a stop must not leave the
  * workers claiming while the main relay finishes its own batch. */

@@ -948,13 +948,12 @@ marking_failed_waits(const char *log, long long *out, int n)
 }
 
 /*
- * Five rows whose every mark is refused fill a batch.  The batch is one
- * failed cycle: its five lines give one wait.  Before, the pacing was
- * stepped once per row (100, 200, 400 ms, ...), so that nine such rows
- * made the first wait 15 s.  The rows come round at the pacing: their
- * fourth copy takes at least the first three waits (50-100, 100-200,
- * 200-400 ms with equal jitter), pipelined too (a pipelined run no
- * longer claims while the cycle is paced).
+ * Five rows whose every mark is refused fill a batch: each waits the
+ * first wait, 100 ms.  Before, one relay-wide pacing was stepped once
+ * per row (100, 200, 400 ms, ...), so that nine such rows made the
+ * first wait 15 s.  The rows come round at their own pacing: their
+ * fourth copy takes at least the first three waits (100, 200, 400 ms),
+ * pipelined too.
  */
 START_TEST(test_refused_marks_paced_once_per_batch)
 {
@@ -1052,6 +1051,33 @@ START_TEST(test_every_mark_refused_for_one_row)
 		usleep(50000);
 	ck_assert_int_ge(tl_file_lines(tl_outboxd_log(pid),
 	    "badrows: mark refused", "msg=\"marking failed\""), 3);
+	allow_marks();
+	assert_row("refused", 1, 0, NULL);
+	assert_still_serving(pid);
+}
+END_TEST
+
+/*
+ * A row whose every mark is refused, ahead of a backlog of 2,000 rows,
+ * batches of 10.  The relay paced itself for it, and each batch held
+ * that row again (the oldest due), so the backlog went one batch per
+ * pacing wait (here at most reconnect.max, 1 s): minutes.  The row alone
+ * is now left out of the claims until its next try, and the backlog
+ * goes as fast as ever.
+ */
+START_TEST(test_refused_row_holds_back_no_backlog)
+{
+	pid_t pid;
+
+	refuse_marks("true");
+	pid = start_with(BASE_YAML "relay.workers: 1\nrelay.batch_size: 10\n",
+	    "SELECT outbox_enqueue('', '" GOOD "', 'x', business_key => "
+	    "'refused'); SELECT outbox_enqueue('', '" GOOD "', 'good ' || g, "
+	    "business_module => 'good') FROM generate_series(1, 2000) g");
+	ck_assert_int_eq(assert_good_delivered(), 0);
+	ck_assert_int_eq(tl_sql_int(db, "SELECT count(*) FROM "
+	    "t_transactional_message WHERE business_key = 'refused' AND "
+	    "message_status = 0"), 1);
 	allow_marks();
 	assert_row("refused", 1, 0, NULL);
 	assert_still_serving(pid);
@@ -1420,6 +1446,7 @@ main(void)
 	tcase_add_test(tc, test_refused_marks_paced_once_per_batch);
 	tcase_add_test(tc, test_pipelined_batch_resent_after_a_slow_mark);
 	tcase_add_test(tc, test_every_mark_refused_for_one_row);
+	tcase_add_test(tc, test_refused_row_holds_back_no_backlog);
 	tcase_add_test(tc, test_retry_counted_from_the_mark);
 	tcase_add_test(tc, test_all_bad_rows_at_once);
 	suite_add_tcase(s, tc);

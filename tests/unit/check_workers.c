@@ -9,12 +9,14 @@
 #include <string.h>
 
 #include "log.h"
+#include "refused.h"
 #include "suspects.h"
 #include "util.h"
 #include "workers.h"
 
 static struct relay_conf rconf;
 static struct suspects *suspects;
+static struct refused *refused;
 static struct store_conf sconf;
 static struct broker_conf bconf;
 
@@ -23,6 +25,7 @@ setup(void)
 {
 	log_set_level(LOG_ERROR);	/* the refused connects are expected */
 	suspects = suspects_new(16);
+	refused = refused_new(4);
 	memset(&rconf, 0, sizeof(rconf));
 	rconf.batch_size = 10;
 	rconf.workers = 4;
@@ -51,6 +54,7 @@ teardown(void)
 {
 	log_set_level(LOG_INFO);
 	suspects_free(suspects);
+	refused_free(refused);
 	suspects = NULL;
 }
 
@@ -59,7 +63,7 @@ START_TEST(test_stop_wakes_napping_workers)
 	char err[256] = "";
 	struct relay_stats sum;
 	struct workers *w = workers_start(3, true, &rconf, &sconf, &bconf, suspects,
-	    err, sizeof(err));
+	    refused, err, sizeof(err));
 	int64_t deadline, t0, took;
 
 	ck_assert_msg(w != NULL, "workers_start: %s", err);
@@ -88,7 +92,7 @@ START_TEST(test_standby_workers_stop_too)
 {
 	char err[256] = "";
 	struct workers *w = workers_start(2, false, &rconf, &sconf, &bconf, suspects,
-	    err, sizeof(err));
+	    refused, err, sizeof(err));
 	int64_t t0;
 
 	ck_assert_msg(w != NULL, "workers_start: %s", err);
@@ -103,7 +107,7 @@ START_TEST(test_no_workers)
 {
 	char err[256] = "";
 	struct workers *w = workers_start(0, true, &rconf, &sconf, &bconf, suspects,
-	    err, sizeof(err));
+	    refused, err, sizeof(err));
 
 	ck_assert_msg(w != NULL, "workers_start: %s", err);
 	workers_set_role(w, true, true);
