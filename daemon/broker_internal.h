@@ -64,6 +64,7 @@ struct batch {
 	size_t sent;			/* in this round */
 	bool isolating;			/* this round probes suspects */
 	unsigned closes;		/* of channel 1, in this batch */
+	size_t round;			/* 0: the send's; more after closes */
 };
 
 /* Exchanges known to work (until reconnect) or to fail (this batch). */

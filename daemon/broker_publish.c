@@ -595,9 +595,12 @@ handle_frame(struct batch *bt, const amqp_frame_t *f)
  * (returns 0 on a quiet wait too, the caller loops); otherwise take only
  * what is there and return 1 when nothing is.  -1: connection gone.
  * PUMP_BLOCKED: the deadline passed while the broker blocks publishing,
- * which is no sign of a dead connection.
+ * which is no sign of a dead connection.  PUMP_OUT_OF_TIME: it passed in
+ * a round after a channel close, which had only what was left of the
+ * batch's time: no sign either.
  */
 #define PUMP_BLOCKED 2
+#define PUMP_OUT_OF_TIME 3
 
 static int WARN_UNUSED
 pump(struct batch *bt, bool block)
@@ -620,6 +623,8 @@ pump(struct batch *bt, bool block)
 	if (st == AMQP_STATUS_TIMEOUT && left <= 0) {
 		if (b->blocked_since_ms != 0)
 			return PUMP_BLOCKED;
+		if (bt->round > 0)
+			return PUMP_OUT_OF_TIME;
 		return bk_conn_lost(b, "%zu confirms missing after %" PRId64
 		    " ms", b->win.outstanding, bk_confirm_ms(b));
 	}
@@ -799,8 +804,8 @@ batch_send(struct batch *bt)
 /*
  * The confirm window closes: waits for every confirm or for the channel
  * close that ends the window (blocked with messages still to send: for
- * the unblock too).  Returns 0, -1 (connection lost) or 1: the deadline
- * passed while blocked.
+ * the unblock too).  Returns 0, -1 (connection lost), 1: the deadline
+ * passed while blocked, or 2: a later round ran out of the batch's time.
  */
 static int WARN_UNUSED
 batch_settle(struct batch *bt)
@@ -817,6 +822,8 @@ batch_settle(struct batch *bt)
 			return -1;
 		if (rc == PUMP_BLOCKED)
 			return 1;
+		if (rc == PUMP_OUT_OF_TIME)
+			return 2;
 	}
 	closed = !b->pub_open;
 	suspects = closed ? window_after_close(bt) : 0;
@@ -849,6 +856,7 @@ batch_start(struct batch *bt, struct broker *b,
 	bt->deadline = now_mono_ms() + bk_confirm_ms(b);
 	bt->probe = SIZE_MAX;
 	bt->closes = 0;
+	bt->round = 0;
 	/* Even for an empty batch: memset() must not get NULL. */
 	if (b->slots == NULL || b->cap_slots < n) {
 		b->cap_slots = n + n / 2 + 16;
@@ -991,6 +999,7 @@ broker_await_batch(struct broker *b)
 	b->awaiting = false;
 	/* The first round was sent by broker_send_batch(). */
 	for (size_t round = 0; round == 0 || batch_left(bt) > 0; round++) {
+		bt->round = round;
 		if (round == max_rounds) {
 			for (size_t i = 0; i < bt->n; i++) {
 				if (b->slots[i].state != SLOT_DONE)
@@ -1007,7 +1016,10 @@ broker_await_batch(struct broker *b)
 			batch_blocked(bt);
 			return 0;
 		}
-		if (round > 0 && now_mono_ms() >= batch_end) {
+		/* Not a round that could not even open the channel and hear
+		 * back: what is left goes out with a later batch. */
+		if (round > 0 &&
+		    batch_end - now_mono_ms() < bk_confirm_ms(b) / 4) {
 			batch_out_of_time(bt);
 			break;
 		}
@@ -1021,6 +1033,13 @@ broker_await_batch(struct broker *b)
 		if (rc == 1) {
 			batch_blocked(bt);
 			return 0;
+		}
+		if (rc == 2) {
+			/* Their confirms may still come: the channel is
+			 * closed and opened afresh below, dropping them. */
+			b->pub_stale = true;
+			batch_out_of_time(bt);
+			break;
 		}
 	}
 	/* A batch leaves the publishing channel ready for the next, even

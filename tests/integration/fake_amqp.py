@@ -20,25 +20,32 @@ is shutting down.
 
 MODE return-after-block: the connect's alarm probes are acked.  The
 next publish, a batch's first, is answered with connection.blocked, and
-nothing of that batch is confirmed.  1.5 s later comes
-connection.unblocked.  The next method on channel 1 after that (the next
-batch's publish, or a channel.close) is first answered with what a real
-broker still owed the blocked batch: a basic.return of its first message
-(NO_ROUTE) and an ack of its last; what comes later is acked.
+nothing of that batch is confirmed.  1.5 s later (times
+OUTBOXD_TEST_SLOWDOWN) comes connection.unblocked.  The next method on
+channel 1 after that (the next batch's publish, or a channel.close) is
+first answered with what a real broker still owed the blocked batch: a
+basic.return of its first message (NO_ROUTE) and an ack of its last;
+what comes later is acked.
 
 MODE close-every-round: the connect's alarm probes are acked.  From then
 on, 300 ms after the first publish on a freshly opened channel 1, the
 broker closes the channel (406, for no reason the message could show);
-nothing is ever acked.
+nothing is ever acked.  A channel.close from the client is answered
+with close-ok, crossing ours or instead of it.
 
 It prints "ready" once it listens, and serves until killed.
 """
+import os
 import select
 import socket
 import struct
 import sys
 import threading
 import time
+
+# The suites' factor for slow runs (sanitizers, valgrind): the fake's
+# unblock must still come after the client's confirm timeout.
+SLOWDOWN = max(1, int(os.environ.get("OUTBOXD_TEST_SLOWDOWN", "1") or 1))
 
 
 def frame(kind, channel, payload):
@@ -117,6 +124,13 @@ def serve(sock, mode):
             if channel == 1 and owed and timer is None:
                 sock.sendall(owed)
                 owed = b""
+            if closing and channel == 1 and (cls, mid) == (20, 40):
+                # The client closes too: answered, as RabbitMQ does.  If
+                # our close is not sent yet, it never will be.
+                sock.sendall(method(channel, 20, 41))
+                if timer is not None:
+                    timer, closing = None, False
+                continue
             if closing and channel == 1 and (cls, mid) != (20, 41):
                 continue
             if (cls, mid) == (10, 11):      # start-ok -> tune
@@ -160,7 +174,8 @@ def serve(sock, mode):
                     sock.sendall(method(0, 10, 60,
                                         shortstr(b"low on memory")))
                     blocked = {"tag": tag, "header": None, "body": None}
-                    timer = (time.time() + 1.5, method(0, 10, 61))
+                    timer = (time.time() + 1.5 * SLOWDOWN,
+                             method(0, 10, 61))
                 elif mode == "return-after-block" and timer is not None:
                     blocked["tag"] = tag    # the blocked batch's rest
                 elif mode == "close-every-round":
