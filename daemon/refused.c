@@ -73,7 +73,7 @@ drop(struct refused *t, size_t i)
 
 int64_t
 refused_hold(struct refused *t, int64_t id, int64_t init_ms,
-    int64_t max_ms, int64_t now_ms)
+    int64_t max_ms, int64_t now_ms, enum refused_entry *entry)
 {
 	struct refused_row *r;
 	size_t i;
@@ -81,7 +81,9 @@ refused_hold(struct refused *t, int64_t id, int64_t init_ms,
 
 	pthread_mutex_lock(&t->mu);
 	i = find(t, id);
-	if (i == t->n && t->n == t->cap) {
+	*entry = i < t->n ? REFUSED_AGAIN : t->n == t->cap ?
+	    REFUSED_EVICTED : REFUSED_NEW;
+	if (*entry == REFUSED_EVICTED) {
 		/* Full: the row due for its try first gives way. */
 		i = 0;
 		for (size_t k = 1; k < t->n; k++)
@@ -144,4 +146,19 @@ refused_held(struct refused *t, int64_t now_ms, int64_t *ids, size_t cap)
 	}
 	pthread_mutex_unlock(&t->mu);
 	return out;
+}
+
+int64_t
+refused_wait_ms(struct refused *t, int64_t now_ms)
+{
+	int64_t first = INT64_MAX;
+
+	if (refused_count(t) == 0)
+		return 0;
+	pthread_mutex_lock(&t->mu);
+	for (size_t i = 0; i < t->n; i++)
+		if (t->v[i].until_ms > now_ms && t->v[i].until_ms < first)
+			first = t->v[i].until_ms;
+	pthread_mutex_unlock(&t->mu);
+	return first == INT64_MAX ? 0 : first - now_ms;
 }

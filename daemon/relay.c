@@ -750,35 +750,59 @@ side_settle(struct relay *r, struct side *x, int broker_rc)
  * their error.  A row whose every mark was refused stays due, and is
  * left out of the claims until its next try (refused.h); the relay
  * goes on with the other rows.  It paced itself instead, and a backlog
- * behind such a row went one batch per reconnect.max.  /healthz says
- * failing meanwhile (cycle_done).  Returns how many rows stayed due.
+ * behind such a row went one batch per reconnect.max.  It still does
+ * when no mark of the batch went through and some refusal is new (a
+ * trigger that refuses every update), or when more rows are refused
+ * than the table holds: then holding rows back lets the next batch meet
+ * the same refusal at once.
+ * /healthz says failing meanwhile (cycle_done).  Returns how many rows
+ * stayed due.
  */
 static size_t
 refused_marks(struct relay *r, struct side *x, size_t n)
 {
-	int64_t now = now_mono_ms();
-	size_t left = 0;
+	int64_t now = now_mono_ms(), paced = 0;
+	size_t left = 0, written = 0;
+	enum refused_entry entry;
+	bool evicted = false, fresh = false;
 
 	for (size_t i = 0; i < n; i++) {
-		const struct store_mark *m = &x->marks[i];
-		int64_t wait;
+		struct store_mark *m = &x->marks[i];
 
+		written += m->kind != MARK_RELEASE;
 		if (m->refused == NULL)
 			continue;
 		x->why[i] = METRICS_FAIL_MARK_REFUSED;
 		if (m->kind != MARK_RELEASE)
 			continue;
 		left++;
-		wait = refused_hold(r->refused, m->id,
-		    r->conf.reconnect.init_ms, r->conf.reconnect.max_ms, now);
+		/* A released row's delay is unused: its wait, for the log. */
+		m->delay_ms = refused_hold(r->refused, m->id,
+		    r->conf.reconnect.init_ms, r->conf.reconnect.max_ms, now,
+		    &entry);
+		evicted = evicted || entry == REFUSED_EVICTED;
+		fresh = fresh || entry != REFUSED_AGAIN;
+	}
+	if (left == 0)
+		return 0;
+	/* New refusals and no mark through: each batch meets them anew.
+	 * Rows refused before, back alone for their try, are no sign. */
+	if (evicted || (written == 0 && fresh))
+		paced = cycle_failed(r, NULL);
+	else if (r->failing_since_ms == 0)
+		r->failing_since_ms = now;
+	for (size_t i = 0; i < n; i++) {
+		const struct store_mark *m = &x->marks[i];
+
+		if (m->refused == NULL || m->kind != MARK_RELEASE)
+			continue;
 		r->stats.released++;
 		metrics_inc_released(1);
 		log_event_limited(&r->cycle_log, LOG_ERROR, "marking failed",
 		    "id=%" PRId64 " retry_in_ms=%" PRId64 " error=%s", m->id,
-		    wait, log_quote((char[600]){ 0 }, 600, m->refused));
+		    paced > m->delay_ms ? paced : m->delay_ms,
+		    log_quote((char[600]){ 0 }, 600, m->refused));
 	}
-	if (left > 0 && r->failing_since_ms == 0)
-		r->failing_since_ms = now;
 	return left;
 }
 
@@ -1134,9 +1158,14 @@ idle_timeout(struct relay *r, int64_t max_wait_ms)
 		store_disconnect(r->store);
 		return 0;
 	}
-	if (due == 0)		/* due now, yet this cycle did not claim it */
-		wait = MIN_IDLE_WAIT_MS;
-	else if (due > 0 && due < wait)
+	if (due == 0) {		/* due now, yet this cycle did not claim it */
+		/* A row held back for its refused marks is due, and no
+		 * claim takes it before its hold ends. */
+		int64_t held = refused_wait_ms(r->refused, now_mono_ms());
+
+		wait = held <= MIN_IDLE_WAIT_MS ? MIN_IDLE_WAIT_MS :
+		    held < wait ? held : wait;
+	} else if (due > 0 && due < wait)
 		wait = due;
 	return wait < max_wait_ms ? wait : max_wait_ms;
 }

@@ -1085,6 +1085,46 @@ START_TEST(test_refused_row_holds_back_no_backlog)
 END_TEST
 
 /*
+ * A trigger that refuses every update of 200 rows, in batches of 10: no
+ * mark of a batch goes through, and each batch meets new refusals.
+ * Holding rows back does not help there (the next batch is refused the
+ * same), so the relay paces itself, as it always did.  Without that it
+ * claimed and published batch after batch at once, the same rows over
+ * and over as the table of held rows (64) gave them back.
+ */
+START_TEST(test_every_row_refused_is_paced)
+{
+	int64_t until;
+	struct tl_msg m;
+	int copies = 0;
+	pid_t pid;
+
+	refuse_marks("true");
+	pid = start_with(BASE_YAML "relay.workers: 1\nrelay.batch_size: 10\n",
+	    "SELECT outbox_enqueue('', '" GOOD "', 'x', business_key => "
+	    "'refused-' || g) FROM generate_series(1, 200) g");
+	/* Three seconds of it, from the first refused copy on. */
+	for (until = tl_ms() + 20000; tl_ms() < until;) {
+		if (!tl_next(amqp, 200, &m))
+			continue;
+		record(m.message_id);
+		if (strncmp(m.business_key, "refused-", 8) == 0 &&
+		    copies++ == 0)
+			until = tl_ms() + 3000;
+		tl_msg_free(&m);
+	}
+	fprintf(stderr, "badrows: %d refused copies in 3 s\n", copies);
+	ck_assert_int_gt(copies, 0);
+	/* Batches of new refusals are paced (50-100 ms, doubling to 1 s);
+	 * rows refused before come back at their own waits.  Unpaced, a
+	 * batch every few milliseconds: thousands. */
+	ck_assert_int_le(copies, 1000);
+	allow_marks();
+	assert_still_serving(pid);
+}
+END_TEST
+
+/*
  * A failed row's retry is counted from its mark, not from its claim: the
  * batch's marks can come long after the claim (confirms take up to
  * rabbitmq.confirm_timeout).  Here a trigger holds the batch's
@@ -1447,6 +1487,7 @@ main(void)
 	tcase_add_test(tc, test_pipelined_batch_resent_after_a_slow_mark);
 	tcase_add_test(tc, test_every_mark_refused_for_one_row);
 	tcase_add_test(tc, test_refused_row_holds_back_no_backlog);
+	tcase_add_test(tc, test_every_row_refused_is_paced);
 	tcase_add_test(tc, test_retry_counted_from_the_mark);
 	tcase_add_test(tc, test_all_bad_rows_at_once);
 	suite_add_tcase(s, tc);

@@ -3050,7 +3050,7 @@ START_TEST(test_stop_reaches_the_workers_at_once)
 	ck_assert_int_eq(tl_outboxd_wait(pid, 30000), 0);
 	late = tl_sql_int(db, "SELECT count(*) FROM t_transactional_message "
 	    "WHERE message_status = 1 AND edit_time > '%s'::timestamptz + "
-	    "%d * interval '1 millisecond'", at, 500 * tl_slowdown());
+	    "%d * interval '1 millisecond'", at, 1000 * tl_slowdown());
 	tl_sql(db, "DROP TRIGGER dmn_slow_mark ON t_transactional_message");
 	tl_sql(db, "DROP FUNCTION dmn_slow_mark()");
 	ck_assert_msg(late == 0, "%lld rows marked after the stop", late);
