@@ -3661,9 +3661,27 @@ main(void)
 {
 	Suite *s = suite_create("daemon");
 	TCase *tc = tcase_create("daemon");
+	/* The command line and the schema: no relay threads at work, so
+	 * make tsan leaves them out (CK_EXCLUDE_TAGS=cli). */
+	TCase *cli = tcase_create("cli");
 	SRunner *sr;
 	int failed;
 
+	tcase_add_checked_fixture(cli, setup, teardown);
+	tcase_set_timeout(cli, 240);
+	tcase_set_tags(cli, "cli");
+	tcase_add_test(cli, test_check_config_and_usage);
+	tcase_add_test(cli, test_cli_status_dead_replay_purge_migrate);
+	tcase_add_test(cli, test_migrate_builds_indexes_online);
+	tcase_add_test(cli, test_migration_005_runs_again_cheaply);
+	tcase_add_test(cli, test_migrations_run_again_beside_producers);
+	tcase_add_test(cli, test_migrate_beside_an_empty_first_schema);
+	tcase_add_test(cli, test_enqueue_ignores_the_callers_search_path);
+	tcase_add_test(cli, test_migrate_refuses_a_seed_table);
+	tcase_add_test(cli, test_cli_odd_rows_and_usage);
+	tcase_add_test(cli, test_cli_dead_and_replay_filters);
+	tcase_add_test(cli, test_cli_writes_need_a_writable_server);
+	suite_add_tcase(s, cli);
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_set_timeout(tc, 240);
 	tcase_add_test(tc, test_sigterm_finishes_the_batch);
@@ -3672,17 +3690,7 @@ main(void)
 	tcase_add_test(tc, test_sighup_reload);
 	tcase_add_test(tc, test_redis_reconnects_follow_config);
 	tcase_add_test(tc, test_reload_shortens_a_reconnect_wait);
-	tcase_add_test(tc, test_check_config_and_usage);
-	tcase_add_test(tc, test_cli_status_dead_replay_purge_migrate);
-	tcase_add_test(tc, test_migrate_builds_indexes_online);
-	tcase_add_test(tc, test_migration_005_runs_again_cheaply);
-	tcase_add_test(tc, test_migrations_run_again_beside_producers);
-	tcase_add_test(tc, test_migrate_beside_an_empty_first_schema);
-	tcase_add_test(tc, test_enqueue_ignores_the_callers_search_path);
 	tcase_add_test(tc, test_database_not_in_utf8);
-	tcase_add_test(tc, test_migrate_refuses_a_seed_table);
-	tcase_add_test(tc, test_cli_odd_rows_and_usage);
-	tcase_add_test(tc, test_cli_dead_and_replay_filters);
 	tcase_add_test(tc, test_metrics_and_health);
 	tcase_add_test(tc, test_http_port_taken);
 	tcase_add_test(tc, test_systemd_notifications);
@@ -3706,7 +3714,6 @@ main(void)
 	tcase_add_test(tc, test_full_queue_nacks_are_retried);
 	tcase_add_test(tc, test_read_only_server);
 	tcase_add_test(tc, test_stop_reaches_the_workers_at_once);
-	tcase_add_test(tc, test_cli_writes_need_a_writable_server);
 	tcase_add_test(tc, test_claim_after_a_column_changes_type);
 	tcase_add_test(tc, test_secrets_never_logged);
 	tcase_add_test(tc, test_password_files_read_at_each_connect);
