@@ -1000,6 +1000,32 @@ grow(void *p, size_t *cap, size_t n, size_t sz)
 	return xrealloc(p, *cap * sz);
 }
 
+/* The store's buffer holds the text of one statement's array
+ * parameters: the claim's left-out ids, the marks' arrays. */
+static void
+buf_reset(struct store *s)
+{
+	s->buf_len = 0;
+}
+
+static void
+buf_add(struct store *s, const char *bytes, size_t len)
+{
+	s->buf = grow(s->buf, &s->buf_cap, s->buf_len + len + 1, 1);
+	memcpy(s->buf + s->buf_len, bytes, len);
+	s->buf_len += len;
+	s->buf[s->buf_len] = '\0';
+}
+
+static void
+buf_add_int(struct store *s, int64_t v)
+{
+	char num[32];
+	int n = snprintf(num, sizeof(num), "%" PRId64, v);
+
+	buf_add(s, num, (size_t)n);
+}
+
 /*
  * Copies one row's header keys then values into the arena and appends
  * their offsets to s->offs.  Returns the count, or -1 when malformed.
@@ -1153,22 +1179,24 @@ store_claim(struct store *s, const struct store_claim_opts *opts,
     struct store_batch *batch)
 {
 	char limit[16], max_payload[24], max_bytes[24];
-	char skip[STORE_SKIP_MAX * 21 + 3];
 	const char *params[5] = { limit, opts->ordered_by_key ? "t" : "f",
-		max_payload, max_bytes, skip };
+		max_payload, max_bytes, NULL };
 	char begin[256];
 	PGresult *res;
-	size_t len;
 
 	batch->rows = NULL;
 	batch->n = 0;
 	batch->cut_short = false;
 	snprintf(limit, sizeof(limit), "%d", opts->limit);
-	len = (size_t)snprintf(skip, sizeof(skip), "{");
-	for (size_t i = 0; i < opts->n_skip && i < STORE_SKIP_MAX; i++)
-		len += (size_t)snprintf(skip + len, sizeof(skip) - len,
-		    "%s%" PRId64, i > 0 ? "," : "", opts->skip_ids[i]);
-	snprintf(skip + len, sizeof(skip) - len, "}");
+	buf_reset(s);
+	buf_add(s, "{", 1);
+	for (size_t i = 0; i < opts->n_skip; i++) {
+		if (i > 0)
+			buf_add(s, ",", 1);
+		buf_add_int(s, opts->skip_ids[i]);
+	}
+	buf_add(s, "}", 1);
+	params[4] = s->buf;
 	snprintf(max_payload, sizeof(max_payload), "%" PRIu64,
 	    claim_bound(opts->max_payload));
 	snprintf(max_bytes, sizeof(max_bytes), "%" PRIu64,
@@ -1223,30 +1251,6 @@ store_claim(struct store *s, const struct store_claim_opts *opts,
 }
 
 /* --- marking --------------------------------------------------------- */
-
-static void
-buf_reset(struct store *s)
-{
-	s->buf_len = 0;
-}
-
-static void
-buf_add(struct store *s, const char *bytes, size_t len)
-{
-	s->buf = grow(s->buf, &s->buf_cap, s->buf_len + len + 1, 1);
-	memcpy(s->buf + s->buf_len, bytes, len);
-	s->buf_len += len;
-	s->buf[s->buf_len] = '\0';
-}
-
-static void
-buf_add_int(struct store *s, int64_t v)
-{
-	char num[32];
-	int n = snprintf(num, sizeof(num), "%" PRId64, v);
-
-	buf_add(s, num, (size_t)n);
-}
 
 /*
  * Appends a quoted array element, escaping what array syntax needs.  The

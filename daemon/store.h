@@ -115,13 +115,13 @@ struct store_claim_opts {
 	 * max_batch_bytes (its first row is always in). */
 	size_t max_payload;
 	size_t max_batch_bytes;
-	/* Rows left out of this claim (at most STORE_SKIP_MAX): those
-	 * whose marks the database refuses wait for their next try
-	 * (refused.h). */
+	/* Rows left out of this claim: those whose marks the database
+	 * refuses wait for their next try (refused.h). */
 	const int64_t *skip_ids;
 	size_t n_skip;
 };
 
+/* The most rows the relay leaves out of one claim. */
 #define STORE_SKIP_MAX 64
 
 struct store;
