@@ -495,8 +495,12 @@ cycle_failed(struct relay *r, struct store *failed)
 	/* A session that died is the reconnect's to report ("postgres
 	 * unavailable"), not /healthz's "failing", which sent the operator
 	 * after locks and privileges for as long as a worker could not
-	 * reconnect (max_connections full after a restart). */
-	if (!store_connected(r->store)) {
+	 * reconnect (max_connections full after a restart).  The failed
+	 * session, not only the main one: a pipelined relay's second
+	 * session that died was paced as a failing cycle, reconnect.init
+	 * and more, where a reconnect at once would do. */
+	if (!store_connected(r->store) ||
+	    (failed != NULL && !store_connected(failed))) {
 		r->failing_since_ms = 0;
 		return 0;
 	}
@@ -935,9 +939,17 @@ relay_pipeline(struct relay *r, int64_t until_ms, bool *backlog,
 		 * is marked first, so that its transaction does not idle
 		 * through the parts as well. */
 		if (cur->n_plain < cur->nmsg) {
+			/* A failed mark may have ended cur's session too
+			 * (drop_sessions): its rows would go out unlocked,
+			 * for another relay to claim and send as well.  The
+			 * run ends here, and cur, not sent yet, goes back. */
 			if (next->state == SIDE_PUBLISHED &&
-			    side_mark(r, next) == -1)
+			    side_mark(r, next) == -1) {
+				store_abort(cur->store, &cur->batch);
+				cur->state = SIDE_FREE;
 				rc = -1;
+				break;
+			}
 			side_settle(r, cur, side_publish(r, cur));
 			if (cur->broker_rc == -1)
 				break;

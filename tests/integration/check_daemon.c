@@ -3105,6 +3105,57 @@ START_TEST(test_short_lived_sessions_are_paced)
 }
 END_TEST
 
+/*
+ * A pipelined relay's second session, killed at its mark (the one session
+ * that does not LISTEN; once, by a sequence, which no rollback undoes),
+ * is a lost connection like the first's: the relay reconnects and claims
+ * again at once.  The previous code checked only the first session, saw
+ * it up, and paced the relay as a failing cycle: reconnect.init, a
+ * minute here, before the rows went again.
+ */
+START_TEST(test_pipelined_second_session_lost)
+{
+	char *log;
+	pid_t pid;
+
+	tl_sql(db, "DROP SEQUENCE IF EXISTS dmn_kill_once");
+	tl_sql(db, "CREATE SEQUENCE dmn_kill_once");
+	tl_sql(db, "CREATE OR REPLACE FUNCTION dmn_kill_second()"
+	    " RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+	    " IF NOT EXISTS (SELECT 1 FROM pg_listening_channels())"
+	    "  AND nextval('dmn_kill_once') = 1 THEN"
+	    "  PERFORM pg_terminate_backend(pg_backend_pid()); END IF;"
+	    " RETURN NEW; END $$");
+	tl_sql(db, "DROP TRIGGER IF EXISTS dmn_kill_second ON "
+	    "t_transactional_message");
+	tl_sql(db, "CREATE TRIGGER dmn_kill_second BEFORE UPDATE ON"
+	    " t_transactional_message FOR EACH ROW WHEN"
+	    " (NEW.message_status = 1 AND NEW.routing_key = 'dmn.killsecond')"
+	    " EXECUTE FUNCTION dmn_kill_second()");
+	/* Two full batches, in one run: the second is claimed and marked
+	 * on the second session. */
+	enqueue("dmn.killsecond", 20);
+	pid = start_ready("dmn.killsecond", "relay.workers: 1\n"
+	    "relay.pipeline: true\nrelay.batch_size: 10\n"
+	    "redis.key: \"dmn:leader:killsecond\"\n"
+	    "reconnect.strategy: fixed\nreconnect.jitter: none\n"
+	    "reconnect.init: 1m\nreconnect.max: 1m\n", &log);
+	ck_assert_msg(wait_log(log, "msg=\"postgres connection lost\"", 1,
+	    30000), "the second session was not lost: log %s", log);
+	ck_assert_int_eq(tl_wait_sql_int(db, 1, 20000, "SELECT (count(*) = 20)"
+	    "::int FROM t_transactional_message WHERE routing_key = "
+	    "'dmn.killsecond' AND message_status = 1"), 1);
+	tl_sql(db, "DROP TRIGGER dmn_kill_second ON t_transactional_message");
+	tl_sql(db, "DROP FUNCTION dmn_kill_second()");
+	ck_assert_int_eq(tl_sql_int(db, "SELECT last_value FROM "
+	    "dmn_kill_once"), 1);
+	tl_sql(db, "DROP SEQUENCE dmn_kill_once");
+	ck_assert_int_eq(log_count(log, "retry_in_ms=60000"), 0);
+	ck_assert_int_eq(tl_outboxd_stop(pid, 25000), 0);
+	free(log);
+}
+END_TEST
+
 /* --- secrets ------------------------------------------------------------- */
 
 #define PG_SECRET "Pg-S3cret-dmn-4711"
@@ -3714,6 +3765,7 @@ main(void)
 	tcase_add_test(tc, test_full_queue_nacks_are_retried);
 	tcase_add_test(tc, test_read_only_server);
 	tcase_add_test(tc, test_stop_reaches_the_workers_at_once);
+	tcase_add_test(tc, test_pipelined_second_session_lost);
 	tcase_add_test(tc, test_claim_after_a_column_changes_type);
 	tcase_add_test(tc, test_secrets_never_logged);
 	tcase_add_test(tc, test_password_files_read_at_each_connect);
