@@ -7,6 +7,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdlib.h>
 
 #include "util.h"
@@ -127,8 +128,14 @@ refused_clear(struct refused *t, int64_t id)
 	pthread_mutex_unlock(&t->mu);
 }
 
-size_t
-refused_held(struct refused *t, int64_t now_ms, int64_t *ids, size_t cap)
+/*
+ * Writes to ids (at most cap) the rows still held at now_ms, or those
+ * whose hold has ended by then; rows long past their try are forgotten
+ * on the way.
+ */
+static size_t
+collect(struct refused *t, int64_t now_ms, bool held, int64_t *ids,
+    size_t cap)
 {
 	size_t out = 0;
 
@@ -140,12 +147,24 @@ refused_held(struct refused *t, int64_t now_ms, int64_t *ids, size_t cap)
 			drop(t, i);
 			continue;
 		}
-		if (now_ms < t->v[i].until_ms && out < cap)
+		if ((now_ms < t->v[i].until_ms) == held && out < cap)
 			ids[out++] = t->v[i].id;
 		i++;
 	}
 	pthread_mutex_unlock(&t->mu);
 	return out;
+}
+
+size_t
+refused_held(struct refused *t, int64_t now_ms, int64_t *ids, size_t cap)
+{
+	return collect(t, now_ms, true, ids, cap);
+}
+
+size_t
+refused_ended(struct refused *t, int64_t before_ms, int64_t *ids, size_t cap)
+{
+	return collect(t, before_ms, false, ids, cap);
 }
 
 int64_t

@@ -47,6 +47,10 @@ void refused_clear(struct refused *, int64_t id);
  * returns how many. */
 size_t refused_held(struct refused *, int64_t now_ms, int64_t *ids,
     size_t cap);
+/* Writes the ids whose hold ended by before_ms (at most cap) to ids:
+ * rows a claim at before_ms could take.  Returns how many. */
+size_t refused_ended(struct refused *, int64_t before_ms, int64_t *ids,
+    size_t cap);
 /* How long until the first hold ends (at least 1 ms), or 0 when no row
  * is held at now_ms: a row held back is due, yet no claim takes it. */
 int64_t refused_wait_ms(struct refused *, int64_t now_ms);

@@ -33,6 +33,7 @@ struct side {
 	size_t nmsg;
 	int broker_rc;		/* of the publish: -1 connection lost */
 	int64_t claimed_us, published_us, confirmed_us;
+	int64_t claim_ms;	/* when the refused table was read */
 	struct broker_msg *msgs;
 	struct broker_result *results;
 	struct store_mark *marks;
@@ -595,7 +596,8 @@ side_claim(struct relay *r, struct side *x, int64_t lock_timeout_ms)
 	int64_t skip[STORE_SKIP_MAX];
 
 	opts.skip_ids = skip;
-	opts.n_skip = refused_held(r->refused, now_mono_ms(), skip,
+	x->claim_ms = now_mono_ms();
+	opts.n_skip = refused_held(r->refused, x->claim_ms, skip,
 	    STORE_SKIP_MAX);
 	x->claimed_us = now_mono_us();
 	if (store_claim(x->store, &opts, &x->batch) == -1)
@@ -854,6 +856,39 @@ side_mark(struct relay *r, struct side *x)
 	return 0;
 }
 
+/*
+ * A claim found no row, yet rows whose hold had ended were in the
+ * refused table: those still due are locked by another relay (or wait
+ * behind their key), the others are gone (deleted, marked by another
+ * instance) and are forgotten, with /healthz's failing.  It lasted
+ * REFUSED_FORGET_MS, two minutes, after the operator deleted the row.
+ * A relay that leaves retries to the leader cannot tell: it would not
+ * have claimed them.
+ */
+static void
+forget_vanished(struct relay *r, struct side *x)
+{
+	int64_t ended[STORE_SKIP_MAX];
+	bool due[STORE_SKIP_MAX];
+	size_t n;
+
+	if (!r->include_retries)
+		return;
+	n = refused_ended(r->refused, x->claim_ms, ended, STORE_SKIP_MAX);
+	if (n == 0)
+		return;
+	if (store_still_due(x->store, ended, n, due) == -1) {
+		log_event_limited(&r->cycle_log, LOG_WARN,
+		    "refused rows not checked", "error=%s", log_quote((char[600]){ 0 }, 600, store_error(x->store)));
+		return;
+	}
+	for (size_t i = 0; i < n; i++)
+		if (!due[i]) {
+			refused_clear(r->refused, ended[i]);
+			log_info("refused row gone", "id=%" PRId64, ended[i]);
+		}
+}
+
 /* The claim that starts a cycle or a pipelined run, on sides[0]: the
  * batch size, or -1 (logged, and the next cycle paced). */
 static int
@@ -869,8 +904,10 @@ claim_first(struct relay *r, size_t *claimed)
 		log_event_limited(&r->cycle_log, LOG_ERROR, "claim failed",
 		    "retry_in_ms=%" PRId64 " error=%s", wait,
 		    log_quote((char[600]){ 0 }, 600, store_error(x->store)));
-	} else if (n == 0)
+	} else if (n == 0) {
+		forget_vanished(r, x);
 		cycle_done(r);
+	}
 	return n;
 }
 

@@ -1604,6 +1604,40 @@ store_abort(struct store *s, struct store_batch *batch)
 }
 
 int
+store_still_due(struct store *s, const int64_t *ids, size_t n, bool *due)
+{
+	const char *params[1];
+	PGresult *res;
+
+	for (size_t i = 0; i < n; i++)
+		due[i] = false;
+	if (n == 0)
+		return 0;
+	buf_reset(s);
+	buf_add(s, "{", 1);
+	for (size_t i = 0; i < n; i++) {
+		if (i > 0)
+			buf_add(s, ",", 1);
+		buf_add_int(s, ids[i]);
+	}
+	buf_add(s, "}", 1);
+	params[0] = s->buf;
+	res = query(s, "still_due", "SELECT id FROM t_transactional_message"
+	    " WHERE id = ANY($1::int8[]) AND " DUE_PREDICATE, 1, params,
+	    PGRES_TUPLES_OK);
+	if (res == NULL)
+		return -1;
+	for (int row = 0; row < PQntuples(res); row++) {
+		int64_t id = strtoll(PQgetvalue(res, row, 0), NULL, 10);
+
+		for (size_t i = 0; i < n; i++)
+			due[i] = due[i] || ids[i] == id;
+	}
+	PQclear(res);
+	return 0;
+}
+
+int
 store_next_due_in(struct store *s, bool include_retries, int64_t *ms)
 {
 	PGresult *res;

@@ -243,6 +243,10 @@ int store_list_dead(struct store *, int limit, const struct dead_filter *,
 int store_try_leader_lock(struct store *, bool *held) WARN_UNUSED;
 void store_release_leader_lock(struct store *);
 
+/* Which of ids[0..n) are still due (due[i]), whether or not locked by
+ * another session; outside a batch.  0, or -1 with the store's error. */
+int store_still_due(struct store *, const int64_t *ids, size_t n, bool *due)
+    WARN_UNUSED;
 /* Milliseconds until the earliest future due time (> 0), or -1 if none. */
 int store_next_due_in(struct store *, bool include_retries, int64_t *ms)
     WARN_UNUSED;

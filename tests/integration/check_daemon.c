@@ -893,6 +893,49 @@ START_TEST(test_lock_timeout_bounds_the_claim)
 }
 END_TEST
 
+/*
+ * A row whose every mark is refused keeps /healthz failing.  The
+ * operator deletes it: the relay, idle, finds the row gone and says
+ * healthy again at once.  It said failing for two more minutes, until
+ * the table of refused rows forgot the row.
+ */
+START_TEST(test_deleted_refused_row_clears_health)
+{
+	char yaml[512], health[256], *log;
+	pid_t pid;
+
+	tl_sql(db, "CREATE OR REPLACE FUNCTION dmn_refuse_mark()"
+	    " RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+	    " RAISE EXCEPTION 'dmn: mark refused'; END $$");
+	tl_sql(db, "DROP TRIGGER IF EXISTS dmn_refuse_mark ON "
+	    "t_transactional_message");
+	tl_sql(db, "CREATE TRIGGER dmn_refuse_mark BEFORE UPDATE ON"
+	    " t_transactional_message FOR EACH ROW WHEN"
+	    " (OLD.routing_key = 'dmn.refusedgone')"
+	    " EXECUTE FUNCTION dmn_refuse_mark()");
+	snprintf(yaml, sizeof(yaml), "http.listen: \"127.0.0.1:%d\"\n"
+	    "redis.key: \"dmn:leader:refusedgone\"\nrelay.workers: 1\n"
+	    "relay.poll_interval: 200ms\nreconnect.init: 100ms\n"
+	    "reconnect.max: 400ms\n", http_port());
+	pid = start_with_queue("dmn.refusedgone", yaml);
+	log = log_of(pid);
+	enqueue("dmn.refusedgone", 1);
+	ck_assert_msg(wait_log(log, "dmn: mark refused", 2, 20000), "log %s",
+	    log);
+	ck_assert_int_eq(wait_health(503, health, sizeof(health), 20000), 503);
+	ck_assert_msg(strstr(health, "failing") != NULL, "reason: %s", health);
+	tl_sql(db, "DELETE FROM t_transactional_message WHERE routing_key = "
+	    "'dmn.refusedgone'");
+	ck_assert_int_eq(wait_health(200, health, sizeof(health), 20000), 200);
+	ck_assert(wait_log(log, "msg=\"refused row gone\"", 1, 1000));
+	ck_assert(wait_log(log, "msg=\"relaying again\"", 1, 1000));
+	tl_sql(db, "DROP TRIGGER dmn_refuse_mark ON t_transactional_message");
+	tl_sql(db, "DROP FUNCTION dmn_refuse_mark()");
+	ck_assert_int_eq(tl_outboxd_stop(pid, 25000), 0);
+	free(log);
+}
+END_TEST
+
 static int
 cycles_failed(const char *log)
 {
@@ -3766,6 +3809,7 @@ main(void)
 	tcase_add_test(tc, test_read_only_server);
 	tcase_add_test(tc, test_stop_reaches_the_workers_at_once);
 	tcase_add_test(tc, test_pipelined_second_session_lost);
+	tcase_add_test(tc, test_deleted_refused_row_clears_health);
 	tcase_add_test(tc, test_claim_after_a_column_changes_type);
 	tcase_add_test(tc, test_secrets_never_logged);
 	tcase_add_test(tc, test_password_files_read_at_each_connect);

@@ -74,6 +74,34 @@ START_TEST(test_marked_or_old_rows_are_forgotten)
 }
 END_TEST
 
+/* The rows a claim could take (their hold over) are the ones to look
+ * for when a claim finds nothing; held ones and a full cap are not. */
+START_TEST(test_ended_holds_are_listed)
+{
+	struct refused *t = refused_new(4);
+	enum refused_entry e;
+	int64_t ids[4];
+
+	ck_assert_uint_eq(refused_ended(t, 0, ids, 4), 0);
+	(void)refused_hold(t, 1, 100, 1000, 0, &e);
+	(void)refused_hold(t, 2, 300, 1000, 0, &e);
+	(void)refused_hold(t, 3, 100, 1000, 50, &e);
+	ck_assert_uint_eq(refused_ended(t, 99, ids, 4), 0);
+	ck_assert_uint_eq(refused_ended(t, 100, ids, 4), 1);
+	ck_assert_int_eq(ids[0], 1);
+	ck_assert_uint_eq(refused_ended(t, 150, ids, 4), 2);
+	ck_assert(has(ids, 2, 1) && has(ids, 2, 3));
+	ck_assert_uint_eq(refused_ended(t, 300, ids, 1), 1);
+	ck_assert_uint_eq(refused_ended(t, 300, ids, 4), 3);
+	/* Listing forgets nothing; clearing does. */
+	ck_assert_uint_eq(refused_count(t), 3);
+	refused_clear(t, 3);
+	ck_assert_uint_eq(refused_ended(t, 300, ids, 4), 2);
+	ck_assert(!has(ids, 2, 3));
+	refused_free(t);
+}
+END_TEST
+
 START_TEST(test_full_table_drops_the_first_due)
 {
 	struct refused *t = refused_new(3);
@@ -107,6 +135,7 @@ refused_suite(void)
 	tcase_add_test(tc, test_wait_doubles_to_the_max);
 	tcase_add_test(tc, test_marked_or_old_rows_are_forgotten);
 	tcase_add_test(tc, test_full_table_drops_the_first_due);
+	tcase_add_test(tc, test_ended_holds_are_listed);
 	suite_add_tcase(s, tc);
 	return s;
 }
