@@ -16,6 +16,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <libpq-fe.h>
@@ -265,6 +266,7 @@ struct loader {
 	yaml_document_t *doc;
 	struct problem *probs;
 	size_t n_probs, cap_probs;
+	size_t n_absent;	/* of them, password files that do not exist */
 	struct seen seen[N_KEYS];
 	/* While checking a value written through an alias (key: *name):
 	 * the alias's place, where problems are reported, and the line of
@@ -1057,9 +1059,14 @@ secrets_resolve(struct loader *L)
 				strfmt(why, sizeof(why), "the environment "
 				    "variable is empty");
 		} else {
-			secret = secret_file_read(
-			    *(char **)field(L->c, given[0]->off), why,
-			    sizeof(why));
+			const char *path = *(char **)field(L->c,
+			    given[0]->off);
+			struct stat st;
+
+			secret = secret_file_read(path, why, sizeof(why));
+			if (secret == NULL && stat(path, &st) == -1 &&
+			    errno == ENOENT)
+				L->n_absent++;
 		}
 		if (secret == NULL) {
 			problem(L, &L->seen[idx[0]].val_mark, "%s: %s",
@@ -1463,6 +1470,8 @@ fail:
 		c->path = xstrdup(name);
 		rc = 0;
 	} else {
+		if (L->n_probs == L->n_absent)
+			rc = CONFIG_SECRET_ABSENT;
 		config_free(c);
 	}
 	free(L->probs);

@@ -53,8 +53,13 @@ void config_defaults(struct config *);
  * On error returns -1, leaves c empty (config_free() is still safe) and
  * writes every problem found, one "path:line:col: message" per line, to
  * errs (NULL: logs each one).  password_env and password_file are read
- * here, at load time.
+ * here, at load time.  Returns CONFIG_SECRET_ABSENT instead when the
+ * only problems are password files that do not exist: not yet, at boot,
+ * when a secrets agent (Vault's, a CSI driver) writes them after
+ * outboxd starts.  A start again later may find them; a wrong key or
+ * value never goes away that way.
  */
+#define CONFIG_SECRET_ABSENT (-2)
 int config_load(struct config *, const char *path, FILE *errs) WARN_UNUSED;
 /* Same, from a string (for tests and fuzzing); name appears in errors. */
 int config_load_string(struct config *, const char *name, const char *yaml,

@@ -191,7 +191,8 @@ usage(FILE *out)
 	    "  -h, --help         this help\n"
 	    "  -V, --version      print the version\n"
 	    "\n"
-	    "exit codes: 0 ok, 1 runtime error, 2 usage or config error\n");
+	    "exit codes: 0 ok, 1 runtime error (or a password file that does\n"
+	    "not exist yet), 2 usage or config error\n");
 }
 
 /* Loads the config or prints every error; returns 0 or -1.  Into the
@@ -200,12 +201,28 @@ usage(FILE *out)
 static int
 load_config(struct config *cfg, const char *path)
 {
+	int rc;
+
 	config_defaults(cfg);
-	if (config_load(cfg, path, log_journal() ? NULL : stderr) == -1) {
+	rc = config_load(cfg, path, log_journal() ? NULL : stderr);
+	if (rc != 0)
 		config_free(cfg);
-		return -1;
-	}
-	return 0;
+	return rc;
+}
+
+/* The exit status for a config that did not load: 2, a usage or config
+ * error, which the unit does not restart; but 1 for password files that
+ * are not there yet (a secrets agent still starting): a start again,
+ * RestartSec later, may find them. */
+static int
+config_exit_status(int load_rc)
+{
+	if (load_rc != CONFIG_SECRET_ABSENT)
+		return 2;
+	log_error("password file missing", "exit_status=1 hint=%s",
+	    log_quote((char[200]){ 0 }, 200, "it may not be written yet; a "
+	    "service manager may start outboxd again"));
+	return 1;
 }
 
 /* What the daemon is made of; main owns them all. */
@@ -282,7 +299,7 @@ reload(struct daemon *d, bool ready)
 
 	sd_notify(0, "RELOADING=1");
 	config_defaults(&fresh);
-	if (config_load(&fresh, cfg->path, NULL) == -1) {
+	if (config_load(&fresh, cfg->path, NULL) != 0) {
 		log_error("reload failed, keeping the old config",
 		    "path=%s", log_quote((char[600]){ 0 }, 600, cfg->path));
 	} else {
@@ -563,7 +580,7 @@ run_command(int argc, char **argv)
 	};
 	const char *command = "run";
 	struct config cfg;
-	int opt, rc;
+	int opt, rc, load_rc;
 
 	bound_dns_lookups();
 	(void)log_detect_journal();
@@ -631,8 +648,9 @@ run_command(int argc, char **argv)
 		return cli_backoff(argc - optind, argv + optind);
 	if (strcmp(command, "check") == 0)
 		return config_check_file(path, stdout) == 0 ? 0 : 2;
-	if (load_config(&cfg, path) == -1)
-		return 2;
+	load_rc = load_config(&cfg, path);
+	if (load_rc != 0)
+		return config_exit_status(load_rc);
 	if (strcmp(command, "config") == 0) {
 		config_dump(&cfg, stdout);
 		config_free(&cfg);

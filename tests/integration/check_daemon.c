@@ -1639,6 +1639,23 @@ START_TEST(test_check_config_and_usage)
 	    bad, "config", NULL), 2);
 	ck_assert_msg(out[0] == '\0' && strstr(err, "relay.batch_size") !=
 	    NULL, "config of a bad file: out: %s err: %s", out, err);
+	/* A password file not there (yet: a secrets agent starting) exits
+	 * 1, which the unit restarts; `check`, and any other problem
+	 * beside it, still say 2. */
+	snprintf(shown, sizeof(shown), "postgres.password_file: %s/none-%d\n",
+	    dir, (int)getpid());
+	tl_config_write(bad, sizeof(bad), shown);
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    bad, "run", NULL), 1);
+	ck_assert_msg(strstr(err, "cannot open the file: No such file") !=
+	    NULL && strstr(err, "msg=\"password file missing\" "
+	    "exit_status=1") != NULL, "err: %s", err);
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    bad, "check", NULL), 2);
+	strcat(shown, "relay.batch_size: 0\n");
+	tl_config_write(bad, sizeof(bad), shown);
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    bad, "run", NULL), 2);
 
 	/* `config` prints what is in effect: the file's values, the
 	 * defaults for the rest, and no secret. */
