@@ -17,6 +17,7 @@
 
 #include "config_value.h"
 #include "store.h"
+#include "util.h"
 
 #define EXIT_RUNTIME 1
 #define EXIT_USAGE 2
@@ -244,30 +245,39 @@ cmd_replay(struct store *s, int argc, char **argv)
 	return (id != 0 && n == 0) ? EXIT_RUNTIME : 0;
 }
 
+#define PURGE_CHUNK 5000
+
 static int
 cmd_purge(struct store *s, int argc, char **argv)
 {
-	int64_t age, n, total = 0;
+	int64_t age, n, total = 0, started = now_mono_ms();
 
 	/* A unit is required, as in the config: a bare 30 read as 30 ms
-	 * would purge every sent row.  At most relay.retention's longest:
+	 * would purge every sent row; so would 0, which in relay.retention
+	 * means keep them all.  At most relay.retention's longest:
 	 * PostgreSQL refused an age far beyond it (out of range), which
 	 * made a usage slip exit 1. */
 	if (argc != 3 || strcmp(argv[1], "--older-than") != 0 ||
-	    config_parse_duration(argv[2], &age) != 0 ||
+	    config_parse_duration(argv[2], &age) != 0 || age <= 0 ||
 	    age > CONFIG_RETENTION_MAX_MS) {
 		fprintf(stderr, "usage: outboxd purge --older-than DURATION "
-		    "(with a unit: 7d, 12h, 30m; at most 3650d)\n");
+		    "(with a unit: 7d, 12h, 30m; more than 0, at most "
+		    "3650d)\n");
 		return EXIT_USAGE;
 	}
 	if (s == NULL)
 		return 0;
-	/* Chunks keep each transaction, and its locks, short. */
+	/* Chunks keep each transaction, and its locks, short.  The cutoff
+	 * stays where it was at the start (the age grows with the time
+	 * taken), and a chunk that is not full was the last: counted from
+	 * each chunk's now(), the cutoff moved on, and on a busy outbox
+	 * every chunk found the rows sent meanwhile, without end. */
 	do {
-		if (store_purge_sent(s, age, 5000, &n) == -1)
+		if (store_purge_sent(s, age + (now_mono_ms() - started),
+		    PURGE_CHUNK, &n) == -1)
 			return fail(s);
 		total += n;
-	} while (n > 0);
+	} while (n == PURGE_CHUNK);
 	printf("%" PRId64 " sent row%s purged\n", total, total == 1 ? "" :
 	    "s");
 	return 0;

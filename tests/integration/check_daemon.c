@@ -1755,6 +1755,57 @@ status_value(const char *out, const char *label)
 	return strtod(p + strlen(label), NULL);
 }
 
+/*
+ * On a busy outbox, rows pass the purge's cutoff while it runs.  Here a
+ * trigger stands in for the relay: for each row the purge deletes, it
+ * writes a sent row already past the cutoff.  The purge went on while
+ * its last chunk had deleted anything, so it ran as long as the traffic
+ * did (here without end); a chunk that is not full is now its last, and
+ * its cutoff stays where it was at the start.  And 0,
+ * relay.retention's "keep them all", is refused: it purged every sent
+ * row.
+ */
+START_TEST(test_purge_ends_on_a_busy_outbox)
+{
+	char cfg[512], out[4096], err[4096];
+	int64_t started, took;
+	int rc;
+
+	tl_sql(db, "INSERT INTO t_transactional_message (message_status, "
+	    "next_schedule_time, routing_key, edit_time) SELECT 1, NULL, "
+	    "'dmn.purgebusy', now() - interval '8 days' FROM "
+	    "generate_series(1, 100)");
+	tl_sql(db, "CREATE OR REPLACE FUNCTION dmn_sent_meanwhile()"
+	    " RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+	    " INSERT INTO t_transactional_message (message_status,"
+	    "  next_schedule_time, routing_key, edit_time) VALUES (1, NULL,"
+	    "  'dmn.purgebusy', now() - interval '7 days 1 second');"
+	    " RETURN OLD; END $$");
+	tl_sql(db, "CREATE TRIGGER dmn_sent_meanwhile AFTER DELETE ON"
+	    " t_transactional_message FOR EACH ROW WHEN"
+	    " (OLD.routing_key = 'dmn.purgebusy')"
+	    " EXECUTE FUNCTION dmn_sent_meanwhile()");
+	tl_config_write(cfg, sizeof(cfg), "");
+	started = tl_ms();
+	rc = tl_outboxd_cli(out, sizeof(out), err, sizeof(err), cfg, "purge",
+	    "--older-than", "7d", NULL);
+	took = tl_ms() - started;
+	tl_sql(db, "DROP TRIGGER dmn_sent_meanwhile ON "
+	    "t_transactional_message");
+	tl_sql(db, "DROP FUNCTION dmn_sent_meanwhile()");
+	tl_sql(db, "DELETE FROM t_transactional_message WHERE routing_key = "
+	    "'dmn.purgebusy'");
+	ck_assert_msg(rc == 0, "purge: %d after %lld ms: %s%s", rc,
+	    (long long)took, out, err);
+	ck_assert_str_eq(out, "100 sent rows purged\n");
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    cfg, "purge", "--older-than", "0", NULL), 2);
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    cfg, "purge", "--older-than", "0s", NULL), 2);
+	ck_assert_msg(strstr(err, "more than 0") != NULL, "%s", err);
+}
+END_TEST
+
 START_TEST(test_cli_status_dead_replay_purge_migrate)
 {
 	static char out[65536], err[65536];
@@ -3783,6 +3834,7 @@ main(void)
 	tcase_set_tags(cli, "cli");
 	tcase_add_test(cli, test_check_config_and_usage);
 	tcase_add_test(cli, test_cli_status_dead_replay_purge_migrate);
+	tcase_add_test(cli, test_purge_ends_on_a_busy_outbox);
 	tcase_add_test(cli, test_migrate_builds_indexes_online);
 	tcase_add_test(cli, test_migration_005_runs_again_cheaply);
 	tcase_add_test(cli, test_migrations_run_again_beside_producers);
