@@ -68,12 +68,16 @@ cmd_status(struct store *s, int argc, char **argv)
 }
 
 /* A field of the tab-separated table: a tab or line break in it (a
- * broker's or producer's text) would break the row, so it is a space. */
+ * broker's or producer's text) would break the row, so it is a space;
+ * so are C1 controls (NEL, a line end to some tools; CSI, which a
+ * terminal obeys). */
 static void
 put_field(const char *s, char end)
 {
-	for (; *s != '\0'; s++)
-		putchar((unsigned char)*s < ' ' || *s == 0x7f ? ' ' : *s);
+	char *clean = xstrdup(s);
+
+	fputs(str_replace_controls(clean, ' '), stdout);
+	free(clean);
 	putchar(end);
 }
 

@@ -1834,7 +1834,7 @@ START_TEST(test_cli_status_dead_replay_purge_migrate)
 	    "edit_time = CASE WHEN n IN (6, 7) THEN now() - interval '3 days' "
 	    "ELSE now() END, "
 	    "last_error = CASE WHEN n >= 10 THEN 'rejected: 404 NOT_FOUND' "
-	    "|| E'\\n\\t' || 'dmn-' || t.id ELSE NULL END "
+	    "|| E'\\n\\t\\u0085' || 'dmn-' || t.id ELSE NULL END "
 	    "FROM r WHERE r.id = t.id");
 	dead1 = tl_sql_int(db, "SELECT min(id) FROM t_transactional_message "
 	    "WHERE message_status = 3");
@@ -1857,16 +1857,19 @@ START_TEST(test_cli_status_dead_replay_purge_migrate)
 
 	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
 	    cfg, "dead", NULL), 0);
-	/* Header + 2 rows: a line break or tab in a field (here in
-	 * last_error) is a space, or it broke the table. */
+	/* Header + 2 rows: a line break, tab or NEL in a field (here in
+	 * last_error) is a space, or it broke the table (NEL, a C1
+	 * control, broke it for tools that take it as a line end, and a
+	 * CSI reached the terminal). */
 	ck_assert_int_eq(count_in(out, "\n"), 3);
+	ck_assert_ptr_null(strstr(out, "\xc2\x85"));
 	for (long long d = dead1; d <= dead2; d++) {
 		char want[128];
 
 		snprintf(want, sizeof(want), "\n%lld\t", d);
 		ck_assert_msg(strstr(out, want) != NULL, "no row %lld: %s", d,
 		    out);
-		snprintf(want, sizeof(want), "rejected: 404 NOT_FOUND  "
+		snprintf(want, sizeof(want), "rejected: 404 NOT_FOUND    "
 		    "dmn-%lld\n", d);
 		ck_assert_msg(strstr(out, want) != NULL, "no error: %s", out);
 	}
