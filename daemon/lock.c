@@ -59,6 +59,10 @@ struct lock {
 	int64_t connect_timeout_ms;
 
 	redisContext *ctx;		/* NULL when not connected */
+	/* ctx was idle since an earlier tick: the server (its timeout, a
+	 * restart) or a proxy may have closed it meanwhile, which only the
+	 * next command finds out. */
+	bool ctx_idle;
 	bool held;
 	enum lock_state state;		/* what lock_tick returned last */
 	char token[2 * TOKEN_BYTES + 1];
@@ -148,7 +152,26 @@ lock_drop(struct lock *l)
  * monotonic ms).  Returns a reply of one of the types in `accept`, which
  * the caller frees; or NULL with the error set and the connection
  * dropped, for I/O errors, timeouts, error replies and surprises alike.
+ *
+ * A connection idle since an earlier tick that turns out closed by the
+ * other side is made again, and the command sent again, within the same
+ * budget: each command here may run twice (SET NX under the same token,
+ * the compare-and-renew and compare-and-delete scripts).  Before, with
+ * a Redis `timeout` (or a proxy's) shorter than ttl/3, every standby
+ * logged "redis unavailable" and fell back to the advisory lock at
+ * every look, and the holder lost a renewal each time.
  */
+static int WARN_UNUSED lock_connect(struct lock *, int64_t);
+
+/* Whether a failed command met a connection the other side had closed
+ * (not a timeout: that spent the budget). */
+static bool
+closed_by_peer(const redisContext *ctx, int saved_errno)
+{
+	return ctx->err == REDIS_ERR_EOF || (ctx->err == REDIS_ERR_IO &&
+	    (saved_errno == ECONNRESET || saved_errno == EPIPE));
+}
+
 static redisReply *
 lock_command(struct lock *l, int64_t deadline, unsigned accept,
     const char *what, const char *fmt, ...)
@@ -157,6 +180,7 @@ lock_command(struct lock *l, int64_t deadline, unsigned accept,
 	int64_t left = deadline - now_mono_ms();
 	va_list ap;
 	int saved_errno;
+	bool was_idle = l->ctx_idle;
 
 	if (left <= 0) {
 		lock_set_error(l, "%s %s: timed out", what, l->addr);
@@ -172,6 +196,25 @@ lock_command(struct lock *l, int64_t deadline, unsigned accept,
 	reply = redisvCommand(l->ctx, fmt, ap);
 	saved_errno = errno;
 	va_end(ap);
+	l->ctx_idle = false;
+	if (reply == NULL && was_idle && closed_by_peer(l->ctx, saved_errno)) {
+		log_debug("redis connection closed while idle; connecting "
+		    "again", "error=%s", log_quote((char[200]){ 0 }, 200,
+		    l->ctx->errstr));
+		lock_drop(l);
+		if (lock_connect(l, deadline) != 0)
+			return NULL;	/* dropped, the error set */
+		left = deadline - now_mono_ms();
+		if (left <= 0 || redisSetTimeout(l->ctx,
+		    ms_to_timeval(left)) != REDIS_OK) {
+			lock_set_error(l, "%s %s: timed out", what, l->addr);
+			goto fail;
+		}
+		va_start(ap, fmt);
+		reply = redisvCommand(l->ctx, fmt, ap);
+		saved_errno = errno;
+		va_end(ap);
+	}
 	if (reply == NULL) {
 		/* A socket timeout reads as EAGAIN; say what it means. */
 		if (l->ctx->err == REDIS_ERR_IO && (saved_errno == EAGAIN ||
@@ -201,7 +244,7 @@ fail:
 }
 
 /* Connects, authenticates and selects the database. */
-static int WARN_UNUSED
+static int
 lock_connect(struct lock *l, int64_t deadline)
 {
 	struct timeval tv = ms_to_timeval(l->connect_timeout_ms);
@@ -221,6 +264,14 @@ lock_connect(struct lock *l, int64_t deadline)
 		lock_set_error(l, "connect %s: %s", l->addr, l->ctx->errstr);
 		goto fail;
 	}
+	l->ctx_idle = false;
+	/* A firewall or NAT that forgets an idle connection drops its
+	 * packets silently: keepalives find that out between ticks, and
+	 * the next command fails at once instead of at its timeout. */
+	if (l->socket_path == NULL && redisEnableKeepAlive(l->ctx) !=
+	    REDIS_OK)
+		log_debug("redis keepalive not set", "error=%s",
+		    log_quote((char[200]){ 0 }, 200, l->ctx->errstr));
 	/* A user without a password is an ACL "nopass" user, which still
 	 * has to AUTH to stop being the default user. */
 	if (l->username != NULL) {
@@ -624,7 +675,12 @@ lock_tick(struct lock *l)
 		return l->state;
 	/* One budget for connect, AUTH, SELECT and the command. */
 	deadline = now + l->connect_timeout_ms;
+	l->ctx_idle = l->ctx != NULL;
 	if (l->ctx == NULL && lock_connect(l, deadline) != 0) {
+		/* As in lock_renew: a connect that took us past the
+		 * validity is a loss, reported by this call. */
+		if (l->held && now_mono_ms() >= l->valid_until)
+			lock_lost(l, l->error, true);
 		lock_unreachable(l);
 		return l->state;
 	}
@@ -680,15 +736,28 @@ lock_release(struct lock *l)
 	if (token[0] == '\0')
 		return;
 	deadline = now_mono_ms() + l->connect_timeout_ms;
+	l->ctx_idle = l->ctx != NULL;
 	if (l->ctx != NULL || lock_connect(l, deadline) == 0)
 		reply = lock_command(l, deadline, R(REDIS_REPLY_INTEGER),
 		    "release", "EVAL %s 1 %s %s", release_script, l->key,
 		    token);
 	if (reply == NULL) {
+		/* A ttl from the last renewal (it said the whole ttl); a
+		 * key lost before may be gone already. */
+		int64_t left = l->held ? l->renewed_at + l->ttl_ms -
+		    now_mono_ms() : l->ttl_ms;
+
 		log_warn("leader lock not released", "key=%s error=%s "
-		    "expires_in_ms=%" PRId64,
+		    "expires_within_ms=%" PRId64,
 		    log_quote(qkey, sizeof(qkey), l->key),
-		    log_quote(qerr, sizeof(qerr), l->error), l->ttl_ms);
+		    log_quote(qerr, sizeof(qerr), l->error),
+		    left > 0 ? left : 0);
+		/* The key may outlive this under our token: kept, to be
+		 * reclaimed at the next acquire or deleted at the next
+		 * release.  Forgotten, it kept every instance out, this
+		 * one too, for the rest of its ttl. */
+		if (token != l->lost_token)
+			memcpy(l->lost_token, token, sizeof(l->lost_token));
 	} else if (reply->integer == 1) {
 		log_info("leader lock released", "key=%s token=%s",
 		    log_quote(qkey, sizeof(qkey), l->key), token);
@@ -696,11 +765,12 @@ lock_release(struct lock *l)
 		/* Compare-and-delete left the other holder's key alone. */
 		lock_lost(l, "not ours at release", false);
 	}
-	if (reply != NULL)
+	if (reply != NULL) {
 		freeReplyObject(reply);
+		l->lost_token[0] = '\0';
+	}
 	l->held = false;
 	l->token[0] = '\0';
-	l->lost_token[0] = '\0';
 	l->state = l->ctx != NULL ? LOCK_NOT_HELD : LOCK_UNAVAILABLE;
 	l->next_at = now_mono_ms();
 }

@@ -707,6 +707,7 @@ priv_admin(void)
 	if (r != NULL)
 		freeReplyObject(r);
 	admin_ok(c, "ACL SETUSER default resetkeys ~*");
+	admin_ok(c, "CONFIG SET maxclients 10000");
 	return c;
 }
 
@@ -1062,6 +1063,118 @@ START_TEST(test_release_after_an_outage_deletes_the_key)
 }
 END_TEST
 
+/* Closes every client's connection, and takes no new one until
+ * maxclients is set back (priv_admin does). */
+static void
+cut_off_clients(redisContext *c)
+{
+	admin_ok(c, "CONFIG SET maxclients 1");
+	ck_assert_int_ge(admin_int(c, "CLIENT KILL TYPE normal SKIPME yes"),
+	    1);
+}
+
+/*
+ * Redis's `timeout`, a restart or a proxy closes idle connections, and
+ * only the next command finds out.  That command is now sent again on a
+ * new connection, in the same tick.  Before, every standby said "redis
+ * unavailable" at its next look (and fell back to the advisory lock),
+ * and the holder lost its connection, and a renewal, each time.
+ */
+START_TEST(test_idle_connection_closed_is_made_again)
+{
+	redisContext *c = priv_admin();
+	struct lock *a = lock_private(NULL, NULL), *b = lock_private(NULL, NULL);
+	enum lock_state st;
+	int64_t end;
+
+	ck_assert_int_eq(lock_tick(a), LOCK_HELD);
+	ck_assert_int_eq(lock_tick(b), LOCK_NOT_HELD);
+	ck_assert_int_ge(admin_int(c, "CLIENT KILL TYPE normal SKIPME yes"),
+	    2);
+	/* A ttl: each renews or looks again at least twice. */
+	for (end = now_mono_ms() + TTL_MS; now_mono_ms() < end; nap_ms(5)) {
+		st = lock_tick(b);
+		ck_assert_msg(st == LOCK_NOT_HELD, "b: %d: %s", st,
+		    lock_error(b));
+		st = lock_tick(a);
+		ck_assert_msg(st == LOCK_HELD && lock_redis_up(a), "a: %d: %s",
+		    st, lock_error(a));
+	}
+	ck_assert_int_eq(lock_reconnects(a), 1);
+	ck_assert_int_eq(lock_reconnects(b), 1);
+	ck_assert_int_eq(lock_lost_count(a), 0);
+	lock_free(a);
+	lock_free(b);
+	redisFree(c);
+}
+END_TEST
+
+/*
+ * A release that cannot reach Redis (its connection closed, and no new
+ * one taken: maxclients) leaves the key, under our token, for up to a
+ * ttl.  The token is kept, and the next acquire reclaims the key.
+ * Before, it was forgotten, and the key kept every instance out, this
+ * one too, until it expired.
+ */
+START_TEST(test_failed_release_keeps_the_token)
+{
+	redisContext *c = priv_admin();
+	struct lock *a = lock_private(NULL, NULL);
+	char token[64], val[64];
+
+	ck_assert_int_eq(lock_tick(a), LOCK_HELD);
+	snprintf(token, sizeof(token), "%s", lock_token(a));
+	cut_off_clients(c);
+	lock_release(a);
+	ck_assert(!lock_held(a));
+	ck_assert_msg(strstr(lock_error(a), "max") != NULL, "error: %s",
+	    lock_error(a));
+	ck_assert_str_eq(admin_str(c, val, sizeof(val), "GET %s", key), token);
+	admin_ok(c, "CONFIG SET maxclients 10000");
+	ck_assert_int_eq(lock_tick(a), LOCK_HELD);
+	ck_assert_str_eq(lock_token(a), token);
+	lock_release(a);
+	ck_assert_int_eq(admin_int(c, "EXISTS %s", key), 0);
+	lock_free(a);
+	redisFree(c);
+}
+END_TEST
+
+/*
+ * A renewal fails at once (no connection taken), and the connect of the
+ * next try hangs (Redis stopped) past the lock's validity: that tick
+ * reports the loss.  Before, it returned LOCK_HELD while lock_held()
+ * said false, and the leader led one tick more.
+ */
+START_TEST(test_connect_past_the_validity_is_a_loss)
+{
+	redisContext *c = priv_admin();
+	struct lock *a = lock_private(NULL, NULL);
+	enum lock_state st;
+	int64_t end = now_mono_ms() + 5 * TTL_MS;
+
+	ck_assert_int_eq(lock_tick(a), LOCK_HELD);
+	cut_off_clients(c);
+	/* The renewal, at ttl/3, fails fast. */
+	while (lock_redis_up(a)) {
+		ck_assert_msg(now_mono_ms() < end, "renewal never failed");
+		ck_assert_int_eq(lock_tick(a), LOCK_HELD);
+		nap_for(a);
+	}
+	admin_ok(c, "CONFIG SET maxclients 10000");
+	redisFree(c);
+	ck_assert_int_eq(kill(priv.pid, SIGSTOP), 0);
+	while (lock_next_tick_ms(a) > 0)
+		nap_for(a);
+	st = lock_tick(a);
+	ck_assert_int_eq(kill(priv.pid, SIGCONT), 0);
+	ck_assert_msg(st != LOCK_HELD || lock_held(a), "LOCK_HELD, yet not "
+	    "held: %s", lock_error(a));
+	ck_assert_int_eq(lock_lost_count(a), 1);
+	lock_free(a);
+}
+END_TEST
+
 int
 main(void)
 {
@@ -1115,6 +1228,9 @@ main(void)
 	tcase_add_test(priv_tc, test_key_outliving_an_outage_is_reclaimed);
 	tcase_add_test(priv_tc, test_set_answered_too_late_is_reclaimed);
 	tcase_add_test(priv_tc, test_release_after_an_outage_deletes_the_key);
+	tcase_add_test(priv_tc, test_idle_connection_closed_is_made_again);
+	tcase_add_test(priv_tc, test_failed_release_keeps_the_token);
+	tcase_add_test(priv_tc, test_connect_past_the_validity_is_a_loss);
 	suite_add_tcase(s, priv_tc);
 
 	sr = srunner_create(s);
