@@ -801,6 +801,17 @@ batch_send(struct batch *bt)
 	return 0;
 }
 
+/* Whether a frame, or part of one, waits to be read. */
+static bool
+frame_waiting(struct broker *b)
+{
+	struct pollfd pfd = { .fd = amqp_get_sockfd(b->conn),
+		.events = POLLIN };
+
+	return amqp_frames_enqueued(b->conn) || amqp_data_in_buffer(b->conn) ||
+	    poll(&pfd, 1, 0) == 1;
+}
+
 /*
  * The confirm window closes: waits for every confirm or for the channel
  * close that ends the window (blocked with messages still to send: for
@@ -826,6 +837,21 @@ batch_settle(struct batch *bt)
 			return 2;
 	}
 	closed = !b->pub_open;
+	/* What came right behind the close is read before anything else
+	 * is decided: a connection.blocked there (RabbitMQ's channel and
+	 * reader send the two apart, in either order) means the channel
+	 * must not be opened again until the unblock.  Unread, the next
+	 * round opened it, the blocked broker never answered, and the
+	 * connection was dropped under the alarm. */
+	while (closed && b->conn != NULL && bt->deadline > now_mono_ms() &&
+	    frame_waiting(b)) {
+		int rc = pump(bt, false);
+
+		if (rc == -1)
+			return -1;
+		if (rc != 0)
+			break;
+	}
 	suspects = closed ? window_after_close(bt) : 0;
 	/*
 	 * Isolating is a binary search, not a crawl (a round trip per

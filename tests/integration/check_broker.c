@@ -1291,6 +1291,36 @@ START_TEST(test_blocked_batch_leaves_nothing_to_the_next)
 END_TEST
 
 /*
+ * The broker closes the publishing channel and blocks the connection,
+ * the close read first (both in one segment here).  The block behind
+ * the close went unread, the next round opened the channel again, which
+ * a blocked broker never answers, and the connection was dropped at the
+ * confirm timeout, under the alarm.  Now the batch is left unconfirmed,
+ * the connection kept, as for a block read first.
+ */
+START_TEST(test_block_behind_a_channel_close)
+{
+	pid_t fake;
+	struct broker *b = connect_fake_broker("close-then-block", 1000,
+	    &fake);
+	int rc;
+
+	for (int i = 0; i < 3; i++)
+		msg_set(&msgs[i], 300 + i, "", NULL, "q", "closed, blocked");
+	rc = broker_publish_batch(b, msgs, 3, results);
+	ck_assert_msg(rc == 0, "publish: %s", broker_error(b));
+	ck_assert(broker_connected(b));
+	ck_assert_int_gt(broker_blocked_ms(b), 0);
+	for (size_t i = 0; i < 3; i++)
+		ck_assert_msg(results[i].outcome == BROKER_UNKNOWN ||
+		    results[i].outcome == BROKER_REJECTED, "message %zu: "
+		    "outcome %d (%s)", i, results[i].outcome,
+		    results[i].reason);
+	stop_fake_broker(b, fake);
+}
+END_TEST
+
+/*
  * A broker that closes the publishing channel at every round, slowly,
  * for no reason a message could show.  The culprit search sends the
  * batch again in ever smaller parts, each round with a channel close:
@@ -1414,6 +1444,7 @@ broker_suite(void)
 	tcase_add_test(loss, test_connection_closed_at_the_probe);
 	tcase_add_test(loss, test_blocked_batch_leaves_nothing_to_the_next);
 	tcase_add_test(loss, test_closing_broker_bounds_the_batch);
+	tcase_add_test(loss, test_block_behind_a_channel_close);
 	tcase_add_test(loss, test_broker_killed);
 	suite_add_tcase(s, loss);
 	return s;

@@ -33,6 +33,12 @@ broker closes the channel (406, for no reason the message could show);
 nothing is ever acked.  A channel.close from the client is answered
 with close-ok, crossing ours or instead of it.
 
+MODE close-then-block: the connect's alarm probes are acked.  The next
+publish, a batch's first, is answered with channel.close (406, for no
+reason the message could show) and connection.blocked in one segment,
+after which nothing more is read: RabbitMQ's channel and reader send
+the two apart, in either order.
+
 It prints "ready" once it listens, and serves until killed.
 """
 import os
@@ -155,6 +161,15 @@ def serve(sock, mode):
                     sock.sendall(basic_ack(channel, tag))
                     time.sleep(0.05)
                     sock.sendall(method(0, 10, 60,
+                                        shortstr(b"low on memory")))
+                    time.sleep(3600)        # blocked: reads nothing more
+                elif mode == "close-then-block" and published > 2:
+                    sock.sendall(method(channel, 20, 40,
+                                        struct.pack(">H", 406) +
+                                        shortstr(b"PRECONDITION_FAILED - "
+                                                 b"unexplained") +
+                                        struct.pack(">HH", 60, 40)) +
+                                 method(0, 10, 60,
                                         shortstr(b"low on memory")))
                     time.sleep(3600)        # blocked: reads nothing more
                 elif mode == "close-at-the-probe":
