@@ -78,6 +78,10 @@ struct relay {
 	/* Reconnect pacing, one per server. */
 	struct link store_link, broker_link;
 	bool store_was_up;
+	/* The sessions are to be ended once the cycle or run is over
+	 * (cycle_failed): a batch still at the broker points into its
+	 * session's result, which ending the session frees. */
+	bool drop_asked;
 	/* Whether each server was ever connected: only a connection after
 	 * that counts as a reconnect. */
 	bool store_ever_up, broker_ever_up;
@@ -486,12 +490,12 @@ cycle_failed(struct relay *r, struct store *failed)
 		log_error("postgres session read-only", "reconnect=true "
 		    "error=%s", log_quote((char[600]){ 0 }, 600,
 		    store_error(failed)));
-		drop_sessions(r);
+		r->drop_asked = true;
 	} else if (failed != NULL && store_statements_stale(failed)) {
 		log_error("postgres statements stale", "reconnect=true "
 		    "error=%s", log_quote((char[600]){ 0 }, 600,
 		    store_error(failed)));
-		drop_sessions(r);
+		r->drop_asked = true;
 	}
 	/* A session that died is the reconnect's to report ("postgres
 	 * unavailable"), not /healthz's "failing", which sent the operator
@@ -500,7 +504,7 @@ cycle_failed(struct relay *r, struct store *failed)
 	 * session, not only the main one: a pipelined relay's second
 	 * session that died was paced as a failing cycle, reconnect.init
 	 * and more, where a reconnect at once would do. */
-	if (!store_connected(r->store) ||
+	if (r->drop_asked || !store_connected(r->store) ||
 	    (failed != NULL && !store_connected(failed))) {
 		r->failing_since_ms = 0;
 		return 0;
@@ -510,6 +514,18 @@ cycle_failed(struct relay *r, struct store *failed)
 	wait = backoff_cursor_next(&r->cycle_retry);
 	r->cycle_retry_at = now + wait;
 	return wait;
+}
+
+/* Ends the sessions if cycle_failed asked for it, now that no batch
+ * needs them.  Ended at once, a pipelined run went on to await and
+ * resend a batch whose messages pointed into a freed result. */
+static void
+drop_if_asked(struct relay *r)
+{
+	if (!r->drop_asked)
+		return;
+	r->drop_asked = false;
+	drop_sessions(r);
 }
 
 static void
@@ -911,8 +927,8 @@ claim_first(struct relay *r, size_t *claimed)
 	return n;
 }
 
-int
-relay_cycle(struct relay *r, size_t *claimed)
+static int
+cycle(struct relay *r, size_t *claimed)
 {
 	struct side *x = &r->sides[0];
 	int n = claim_first(r, claimed);
@@ -925,6 +941,15 @@ relay_cycle(struct relay *r, size_t *claimed)
 	if (side_mark(r, x) == -1)
 		return -1;
 	return x->broker_rc;
+}
+
+int
+relay_cycle(struct relay *r, size_t *claimed)
+{
+	int rc = cycle(r, claimed);
+
+	drop_if_asked(r);
+	return rc;
 }
 
 /* Whether the wake fd is readable: a stop (or, for the main relay, a
@@ -976,10 +1001,12 @@ relay_pipeline(struct relay *r, int64_t until_ms, bool *backlog,
 		 * is marked first, so that its transaction does not idle
 		 * through the parts as well. */
 		if (cur->n_plain < cur->nmsg) {
-			/* A failed mark may have ended cur's session too
-			 * (drop_sessions): its rows would go out unlocked,
-			 * for another relay to claim and send as well.  The
-			 * run ends here, and cur, not sent yet, goes back. */
+			/* A failed mark may have doomed cur's session too
+			 * (drop_if_asked, after the run): its rows would go
+			 * out, part by part, on a session about to end,
+			 * their locks with it, for another relay to claim
+			 * and send as well.  The run ends here, and cur, not
+			 * sent yet, goes back. */
 			if (next->state == SIDE_PUBLISHED &&
 			    side_mark(r, next) == -1) {
 				store_abort(cur->store, &cur->batch);
@@ -1318,9 +1345,12 @@ relay_step(struct relay *r, int64_t max_wait_ms)
 
 		/* A run of batches, bounded so that the caller still renews
 		 * its locks and sees a stop in time. */
-		if (relay_pipeline(r, now_mono_ms() + (max_wait_ms <
+		int rc = relay_pipeline(r, now_mono_ms() + (max_wait_ms <
 		    PIPELINE_RUN_MS ? max_wait_ms : PIPELINE_RUN_MS),
-		    &backlog, &claimed) == -1)
+		    &backlog, &claimed);
+
+		drop_if_asked(r);
+		if (rc == -1)
 			return false;
 		if (backlog)
 			return true;

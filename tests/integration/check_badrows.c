@@ -1058,6 +1058,49 @@ START_TEST(test_every_mark_refused_for_one_row)
 END_TEST
 
 /*
+ * A mark fails as on a server gone read-only (SQLSTATE 25006, raised once
+ * by a trigger, on the session that LISTENs).  With relay.pipeline
+ * (OUTBOXD_TEST_YAML), the next batch is at the broker then, and it has
+ * a row over the broker's max_message_size: the sessions are ended, but
+ * only once the run is over.  Ended at once, the batch at the broker
+ * pointed into its session's freed result, and the channel close for
+ * the big row had the batch's messages read from freed memory and sent
+ * again (a report under the sanitizers).  Every good row is sent, and
+ * the big one is dead, as always.
+ */
+START_TEST(test_mark_on_a_read_only_session)
+{
+	pid_t pid;
+
+	tl_sql(db, "DROP SEQUENCE IF EXISTS badrows_ro_once");
+	tl_sql(db, "CREATE SEQUENCE badrows_ro_once");
+	tl_sql(db, "CREATE OR REPLACE FUNCTION badrows_read_only_mark()"
+	    " RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+	    " IF EXISTS (SELECT 1 FROM pg_listening_channels())"
+	    "  AND nextval('badrows_ro_once') = 1 THEN"
+	    "  RAISE EXCEPTION 'badrows: read-only' USING ERRCODE = '25006';"
+	    " END IF; RETURN NEW; END $$");
+	tl_sql(db, "CREATE TRIGGER badrows_read_only_mark BEFORE UPDATE ON"
+	    " t_transactional_message FOR EACH ROW WHEN"
+	    " (NEW.message_status = 1 AND NEW.business_module = 'good')"
+	    " EXECUTE FUNCTION badrows_read_only_mark()");
+	/* 10 good rows, then the big one and 10 more: batches of 10. */
+	pid = start_with(BASE_YAML "relay.workers: 1\nrelay.batch_size: 10\n",
+	    "SELECT outbox_enqueue('', '" GOOD "', "
+	    "convert_to(repeat('x', 5 * 1024 * 1024), 'UTF8'), "
+	    "business_key => 'read-only-big')");
+	assert_row("read-only-big", 3, 1, "4194304");
+	ck_assert_int_eq(tl_file_lines(tl_outboxd_log(pid), "postgres session "
+	    "read-only", "badrows: read-only"), 1);
+	tl_sql(db, "DROP TRIGGER badrows_read_only_mark ON "
+	    "t_transactional_message");
+	tl_sql(db, "DROP FUNCTION badrows_read_only_mark()");
+	tl_sql(db, "DROP SEQUENCE badrows_ro_once");
+	assert_still_serving(pid);
+}
+END_TEST
+
+/*
  * A row whose every mark is refused, ahead of a backlog of 2,000 rows,
  * batches of 10.  The relay paced itself for it, and each batch held
  * that row again (the oldest due), so the backlog went one batch per
@@ -1487,6 +1530,7 @@ main(void)
 	tcase_add_test(tc, test_pipelined_batch_resent_after_a_slow_mark);
 	tcase_add_test(tc, test_every_mark_refused_for_one_row);
 	tcase_add_test(tc, test_refused_row_holds_back_no_backlog);
+	tcase_add_test(tc, test_mark_on_a_read_only_session);
 	tcase_add_test(tc, test_every_row_refused_is_paced);
 	tcase_add_test(tc, test_retry_counted_from_the_mark);
 	tcase_add_test(tc, test_all_bad_rows_at_once);
