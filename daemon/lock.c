@@ -63,6 +63,9 @@ struct lock {
 	 * restart) or a proxy may have closed it meanwhile, which only the
 	 * next command finds out. */
 	bool ctx_idle;
+	/* The last command was sent again (lock_command): its first
+	 * copy may have run, so a "no" may be our own doing. */
+	bool resent;
 	bool held;
 	enum lock_state state;		/* what lock_tick returned last */
 	char token[2 * TOKEN_BYTES + 1];
@@ -155,21 +158,25 @@ lock_drop(struct lock *l)
  *
  * A connection idle since an earlier tick that turns out closed by the
  * other side is made again, and the command sent again, within the same
- * budget: each command here may run twice (SET NX under the same token,
- * the compare-and-renew and compare-and-delete scripts).  Before, with
+ * budget (l->resent says so).  The first copy may have run: the renew
+ * script renews twice, harmlessly, and the callers of SET NX and of the
+ * release read a "no" after a resend as possibly their own doing.
+ * Before, with
  * a Redis `timeout` (or a proxy's) shorter than ttl/3, every standby
  * logged "redis unavailable" and fell back to the advisory lock at
  * every look, and the holder lost a renewal each time.
  */
 static int WARN_UNUSED lock_connect(struct lock *, int64_t);
 
-/* Whether a failed command met a connection the other side had closed
- * (not a timeout: that spent the budget). */
+/* Whether a failed command met a connection that ended while idle:
+ * closed by the other side, or found dead by keepalives (ETIMEDOUT; not
+ * the socket timeout, EAGAIN, which spent the budget). */
 static bool
 closed_by_peer(const redisContext *ctx, int saved_errno)
 {
 	return ctx->err == REDIS_ERR_EOF || (ctx->err == REDIS_ERR_IO &&
-	    (saved_errno == ECONNRESET || saved_errno == EPIPE));
+	    (saved_errno == ECONNRESET || saved_errno == EPIPE ||
+	    saved_errno == ETIMEDOUT));
 }
 
 static redisReply *
@@ -197,6 +204,7 @@ lock_command(struct lock *l, int64_t deadline, unsigned accept,
 	saved_errno = errno;
 	va_end(ap);
 	l->ctx_idle = false;
+	l->resent = false;
 	if (reply == NULL && was_idle && closed_by_peer(l->ctx, saved_errno)) {
 		log_debug("redis connection closed while idle; connecting "
 		    "again", "error=%s", log_quote((char[200]){ 0 }, 200,
@@ -214,6 +222,7 @@ lock_command(struct lock *l, int64_t deadline, unsigned accept,
 		reply = redisvCommand(l->ctx, fmt, ap);
 		saved_errno = errno;
 		va_end(ap);
+		l->resent = true;
 	}
 	if (reply == NULL) {
 		/* A socket timeout reads as EAGAIN; say what it means. */
@@ -269,9 +278,12 @@ lock_connect(struct lock *l, int64_t deadline)
 	 * packets silently: keepalives find that out between ticks, and
 	 * the next command fails at once instead of at its timeout. */
 	if (l->socket_path == NULL && redisEnableKeepAlive(l->ctx) !=
-	    REDIS_OK)
-		log_debug("redis keepalive not set", "error=%s",
-		    log_quote((char[200]){ 0 }, 200, l->ctx->errstr));
+	    REDIS_OK) {
+		/* hiredis marks the context failed: it is of no more use. */
+		lock_set_error(l, "connect %s: keepalive: %s", l->addr,
+		    l->ctx->errstr);
+		goto fail;
+	}
 	/* A user without a password is an ACL "nopass" user, which still
 	 * has to AUTH to stop being the default user. */
 	if (l->username != NULL) {
@@ -487,6 +499,10 @@ lock_acquire(struct lock *l, int64_t deadline)
 	}
 	set = reply->type == REDIS_REPLY_STATUS;
 	freeReplyObject(reply);
+	/* Sent again on a new connection: the first copy may have set the
+	 * key, under this token, which the reclaim then finds ours. */
+	if (!set && l->resent)
+		memcpy(l->lost_token, l->token, sizeof(l->lost_token));
 	if (set) {
 		l->lost_token[0] = '\0';
 		l->standby_logged = false;
@@ -667,6 +683,9 @@ lock_tick(struct lock *l)
 	if (!l->enabled)
 		return LOCK_HELD;
 	now = now_mono_ms();
+	/* Whatever this tick sends first may meet a connection closed
+	 * while idle (lock_command). */
+	l->ctx_idle = l->ctx != NULL;
 	if (l->held && now >= l->valid_until) {
 		lock_expired(l, now);
 		return l->state;
@@ -675,7 +694,6 @@ lock_tick(struct lock *l)
 		return l->state;
 	/* One budget for connect, AUTH, SELECT and the command. */
 	deadline = now + l->connect_timeout_ms;
-	l->ctx_idle = l->ctx != NULL;
 	if (l->ctx == NULL && lock_connect(l, deadline) != 0) {
 		/* As in lock_renew: a connect that took us past the
 		 * validity is a loss, reported by this call. */
@@ -761,8 +779,9 @@ lock_release(struct lock *l)
 	} else if (reply->integer == 1) {
 		log_info("leader lock released", "key=%s token=%s",
 		    log_quote(qkey, sizeof(qkey), l->key), token);
-	} else if (l->held) {
-		/* Compare-and-delete left the other holder's key alone. */
+	} else if (l->held && !l->resent) {
+		/* Compare-and-delete left the other holder's key alone (sent
+		 * again, its first copy may have deleted ours). */
 		lock_lost(l, "not ours at release", false);
 	}
 	if (reply != NULL) {
