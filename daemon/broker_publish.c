@@ -620,7 +620,9 @@ pump(struct batch *bt, bool block)
 	    !amqp_data_in_buffer(b->conn))
 		tv = bk_ms_to_tv(left);
 	st = amqp_simple_wait_frame_noblock(b->conn, &f, &tv);
-	if (st == AMQP_STATUS_TIMEOUT && left <= 0) {
+	/* Without waiting, nothing there is only that: the callers that
+	 * read what is available weigh the deadline themselves. */
+	if (st == AMQP_STATUS_TIMEOUT && left <= 0 && block) {
 		if (b->blocked_since_ms != 0)
 			return PUMP_BLOCKED;
 		if (bt->round > 0)
@@ -843,8 +845,7 @@ batch_settle(struct batch *bt)
 	 * must not be opened again until the unblock.  Unread, the next
 	 * round opened it, the blocked broker never answered, and the
 	 * connection was dropped under the alarm. */
-	while (closed && b->conn != NULL && bt->deadline > now_mono_ms() &&
-	    frame_waiting(b)) {
+	while (closed && b->conn != NULL && frame_waiting(b)) {
 		int rc = pump(bt, false);
 
 		if (rc == -1)

@@ -16,7 +16,6 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <libpq-fe.h>
@@ -1059,13 +1058,11 @@ secrets_resolve(struct loader *L)
 				strfmt(why, sizeof(why), "the environment "
 				    "variable is empty");
 		} else {
-			const char *path = *(char **)field(L->c,
-			    given[0]->off);
-			struct stat st;
+			bool absent;
 
-			secret = secret_file_read(path, why, sizeof(why));
-			if (secret == NULL && stat(path, &st) == -1 &&
-			    errno == ENOENT)
+			secret = secret_file_read(*(char **)field(L->c,
+			    given[0]->off), why, sizeof(why), &absent);
+			if (secret == NULL && absent)
 				L->n_absent++;
 		}
 		if (secret == NULL) {

@@ -23,7 +23,7 @@
  * name the file: someone may have pasted the password itself there.
  */
 char *
-secret_file_read(const char *path, char *why, size_t whysz)
+secret_file_read(const char *path, char *why, size_t whysz, bool *absent)
 {
 	char buf[SECRET_MAX_BYTES + 1];
 	char *secret = NULL, *nl;
@@ -35,6 +35,8 @@ secret_file_read(const char *path, char *why, size_t whysz)
 	 * would otherwise wait for a writer forever.  Regular files
 	 * ignore it. */
 	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+	if (absent != NULL)
+		*absent = fd == -1 && errno == ENOENT;
 	if (fd == -1) {
 		strfmt(why, whysz, "cannot open the file: %s", strerror(errno));
 		return NULL;
@@ -103,7 +105,7 @@ secret_reread(char **password, const char *path, const char *key)
 
 	if (path == NULL)
 		return;
-	fresh = secret_file_read(path, why, sizeof(why));
+	fresh = secret_file_read(path, why, sizeof(why), NULL);
 	if (fresh == NULL) {
 		log_warn("password file not read; using the password read "
 		    "before", "key=%s error=%s", key,
