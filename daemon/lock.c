@@ -38,10 +38,12 @@ static const char renew_script[] =
     "if v then return -1 end "
     "return 0";
 
-/* KEYS[1] = key, ARGV[1] = our token.  Returns how many keys went. */
+/* KEYS[1] = key, ARGV[1] = our token.  Returns 1 when deleted, 0 when
+ * the key is gone and -1 when it holds another token. */
 static const char release_script[] =
-    "if redis.call('GET', KEYS[1]) == ARGV[1] then "
-    "return redis.call('DEL', KEYS[1]) end "
+    "local v = redis.call('GET', KEYS[1]) "
+    "if v == ARGV[1] then return redis.call('DEL', KEYS[1]) end "
+    "if v then return -1 end "
     "return 0";
 
 struct lock {
@@ -779,9 +781,9 @@ lock_release(struct lock *l)
 	} else if (reply->integer == 1) {
 		log_info("leader lock released", "key=%s token=%s",
 		    log_quote(qkey, sizeof(qkey), l->key), token);
-	} else if (l->held && !l->resent) {
-		/* Compare-and-delete left the other holder's key alone (sent
-		 * again, its first copy may have deleted ours). */
+	} else if (l->held && (reply->integer == -1 || !l->resent)) {
+		/* Compare-and-delete left the other holder's key alone.  No
+		 * key after a resend: its first copy may have deleted ours. */
 		lock_lost(l, "not ours at release", false);
 	}
 	if (reply != NULL) {

@@ -480,6 +480,7 @@ static int64_t
 cycle_failed(struct relay *r, struct store *failed)
 {
 	int64_t now = now_mono_ms(), wait = 0;
+	bool ending = false;
 
 	r->stats.store_errors++;
 	/* A session whose server no longer takes writes (a standby now, or
@@ -490,13 +491,14 @@ cycle_failed(struct relay *r, struct store *failed)
 		log_error("postgres session read-only", "reconnect=true "
 		    "error=%s", log_quote((char[600]){ 0 }, 600,
 		    store_error(failed)));
-		r->drop_asked = true;
+		ending = true;
 	} else if (failed != NULL && store_statements_stale(failed)) {
 		log_error("postgres statements stale", "reconnect=true "
 		    "error=%s", log_quote((char[600]){ 0 }, 600,
 		    store_error(failed)));
-		r->drop_asked = true;
+		ending = true;
 	}
+	r->drop_asked = r->drop_asked || ending;
 	/* A session that died is the reconnect's to report ("postgres
 	 * unavailable"), not /healthz's "failing", which sent the operator
 	 * after locks and privileges for as long as a worker could not
@@ -504,7 +506,7 @@ cycle_failed(struct relay *r, struct store *failed)
 	 * session, not only the main one: a pipelined relay's second
 	 * session that died was paced as a failing cycle, reconnect.init
 	 * and more, where a reconnect at once would do. */
-	if (r->drop_asked || !store_connected(r->store) ||
+	if (ending || !store_connected(r->store) ||
 	    (failed != NULL && !store_connected(failed))) {
 		r->failing_since_ms = 0;
 		return 0;

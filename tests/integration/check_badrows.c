@@ -54,8 +54,10 @@ setup(void)
 {
 	db = tl_pg();
 	tl_reset_db(db);
-	/* Left by a test that failed before it dropped it. */
+	/* Left by a test that failed before it dropped them. */
 	tl_sql(db, "DROP TRIGGER IF EXISTS badrows_slow_mark ON "
+	    "t_transactional_message");
+	tl_sql(db, "DROP TRIGGER IF EXISTS badrows_read_only_mark ON "
 	    "t_transactional_message");
 	leader_key_delete();
 	amqp = tl_amqp_open();
