@@ -494,9 +494,12 @@ start_stuck(const char *app, const char *extra, int n, char **log)
 	    "outboxd did not become ready");
 	tl_rabbitmq_freeze(true);
 	enqueue("dmn.stuck", n);
+	/* Idle in the claim's transaction after the claim itself: between
+	 * its BEGIN and its claim statement the session is briefly idle in
+	 * transaction too, with no row locked yet. */
 	ck_assert_int_eq(tl_wait_sql_int(db, 1, 20000, "SELECT count(*) FROM "
 	    "pg_stat_activity WHERE application_name = '%s' AND state = "
-	    "'idle in transaction'", app), 1);
+	    "'idle in transaction' AND query LIKE 'WITH due AS%%'", app), 1);
 	/* Every row is held by the daemon's claim. */
 	ck_assert_int_eq(tl_sql_int(db, "SELECT count(*) FROM (SELECT id "
 	    "FROM t_transactional_message FOR UPDATE SKIP LOCKED) s"), 0);
