@@ -186,44 +186,40 @@ lock_command(struct lock *l, int64_t deadline, unsigned accept,
     const char *what, const char *fmt, ...)
 {
 	redisReply *reply;
-	int64_t left = deadline - now_mono_ms();
+	int64_t left;
 	va_list ap;
 	int saved_errno;
 	bool was_idle = l->ctx_idle;
 
-	if (left <= 0) {
-		lock_set_error(l, "%s %s: timed out", what, l->addr);
-		goto fail;
-	}
-	/* SO_RCVTIMEO and SO_SNDTIMEO: a hung Redis costs at most the rest
-	 * of the budget, not forever. */
-	if (redisSetTimeout(l->ctx, ms_to_timeval(left)) != REDIS_OK) {
-		lock_set_error(l, "%s %s: %s", what, l->addr, l->ctx->errstr);
-		goto fail;
-	}
-	va_start(ap, fmt);
-	reply = redisvCommand(l->ctx, fmt, ap);
-	saved_errno = errno;
-	va_end(ap);
 	l->ctx_idle = false;
 	l->resent = false;
-	if (reply == NULL && was_idle && closed_by_peer(l->ctx, saved_errno)) {
-		log_debug("redis connection closed while idle; connecting "
-		    "again", "error=%s", log_quote((char[200]){ 0 }, 200,
-		    l->ctx->errstr));
-		lock_drop(l);
-		if (lock_connect(l, deadline) != 0)
-			return NULL;	/* dropped, the error set */
+	for (;;) {
 		left = deadline - now_mono_ms();
-		if (left <= 0 || redisSetTimeout(l->ctx,
-		    ms_to_timeval(left)) != REDIS_OK) {
+		if (left <= 0) {
 			lock_set_error(l, "%s %s: timed out", what, l->addr);
+			goto fail;
+		}
+		/* SO_RCVTIMEO and SO_SNDTIMEO: a hung Redis costs at most
+		 * the rest of the budget, not forever. */
+		if (redisSetTimeout(l->ctx, ms_to_timeval(left)) != REDIS_OK) {
+			lock_set_error(l, "%s %s: %s", what, l->addr,
+			    l->ctx->errstr);
 			goto fail;
 		}
 		va_start(ap, fmt);
 		reply = redisvCommand(l->ctx, fmt, ap);
 		saved_errno = errno;
 		va_end(ap);
+		if (reply != NULL || !was_idle ||
+		    !closed_by_peer(l->ctx, saved_errno))
+			break;
+		log_debug("redis connection closed while idle; connecting "
+		    "again", "error=%s", log_quote((char[200]){ 0 }, 200,
+		    l->ctx->errstr));
+		lock_drop(l);
+		if (lock_connect(l, deadline) != 0)
+			return NULL;	/* dropped, the error set */
+		was_idle = false;
 		l->resent = true;
 	}
 	if (reply == NULL) {

@@ -877,11 +877,11 @@ side_mark(struct relay *r, struct side *x)
 /*
  * A claim found no row, yet rows whose hold had ended were in the
  * refused table: those still due are locked by another relay (or wait
- * behind their key), the others are gone (deleted, marked by another
- * instance) and are forgotten, with /healthz's failing.  It lasted
- * REFUSED_FORGET_MS, two minutes, after the operator deleted the row.
- * A relay that leaves retries to the leader cannot tell: it would not
- * have claimed them.
+ * behind their key); the others are gone (deleted, marked by another
+ * instance) and are forgotten, and /healthz's failing with them, which
+ * lasted REFUSED_FORGET_MS, two minutes, after the operator deleted
+ * the row.  A relay that leaves retries to the leader cannot tell: it
+ * would not have claimed them.
  */
 static void
 forget_vanished(struct relay *r, struct side *x)
@@ -897,7 +897,8 @@ forget_vanished(struct relay *r, struct side *x)
 		return;
 	if (store_still_due(x->store, ended, n, due) == -1) {
 		log_event_limited(&r->cycle_log, LOG_WARN,
-		    "refused rows not checked", "error=%s", log_quote((char[600]){ 0 }, 600, store_error(x->store)));
+		    "refused rows not checked", "error=%s",
+		    log_quote((char[600]){ 0 }, 600, store_error(x->store)));
 		return;
 	}
 	for (size_t i = 0; i < n; i++)

@@ -1026,6 +1026,21 @@ buf_add_int(struct store *s, int64_t v)
 	buf_add(s, num, (size_t)n);
 }
 
+/* The ids as an int8[] literal, in the store's buffer. */
+static const char *
+ids_array(struct store *s, const int64_t *ids, size_t n)
+{
+	buf_reset(s);
+	buf_add(s, "{", 1);
+	for (size_t i = 0; i < n; i++) {
+		if (i > 0)
+			buf_add(s, ",", 1);
+		buf_add_int(s, ids[i]);
+	}
+	buf_add(s, "}", 1);
+	return s->buf;
+}
+
 /*
  * Copies one row's header keys then values into the arena and appends
  * their offsets to s->offs.  Returns the count, or -1 when malformed.
@@ -1188,15 +1203,7 @@ store_claim(struct store *s, const struct store_claim_opts *opts,
 	batch->n = 0;
 	batch->cut_short = false;
 	snprintf(limit, sizeof(limit), "%d", opts->limit);
-	buf_reset(s);
-	buf_add(s, "{", 1);
-	for (size_t i = 0; i < opts->n_skip; i++) {
-		if (i > 0)
-			buf_add(s, ",", 1);
-		buf_add_int(s, opts->skip_ids[i]);
-	}
-	buf_add(s, "}", 1);
-	params[4] = s->buf;
+	params[4] = ids_array(s, opts->skip_ids, opts->n_skip);
 	snprintf(max_payload, sizeof(max_payload), "%" PRIu64,
 	    claim_bound(opts->max_payload));
 	snprintf(max_bytes, sizeof(max_bytes), "%" PRIu64,
@@ -1613,15 +1620,7 @@ store_still_due(struct store *s, const int64_t *ids, size_t n, bool *due)
 		due[i] = false;
 	if (n == 0)
 		return 0;
-	buf_reset(s);
-	buf_add(s, "{", 1);
-	for (size_t i = 0; i < n; i++) {
-		if (i > 0)
-			buf_add(s, ",", 1);
-		buf_add_int(s, ids[i]);
-	}
-	buf_add(s, "}", 1);
-	params[0] = s->buf;
+	params[0] = ids_array(s, ids, n);
 	res = query(s, "still_due", "SELECT id FROM t_transactional_message"
 	    " WHERE id = ANY($1::int8[]) AND " DUE_PREDICATE, 1, params,
 	    PGRES_TUPLES_OK);

@@ -1099,7 +1099,8 @@ cut_off_clients(redisContext *c)
 START_TEST(test_idle_connection_closed_is_made_again)
 {
 	redisContext *c = priv_admin();
-	struct lock *a = lock_private(NULL, NULL), *b = lock_private(NULL, NULL);
+	struct lock *a = lock_private(NULL, NULL);
+	struct lock *b = lock_private(NULL, NULL);
 	enum lock_state st;
 	int64_t end;
 
