@@ -68,6 +68,9 @@ struct lock {
 	/* The last command was sent again (lock_command): its first
 	 * copy may have run, so a "no" may be our own doing. */
 	bool resent;
+	/* The last command was answered with an error (READONLY from a
+	 * replica, OOM, NOPERM): the connection works, and is kept. */
+	bool refused;
 	bool held;
 	enum lock_state state;		/* what lock_tick returned last */
 	char token[2 * TOKEN_BYTES + 1];
@@ -155,8 +158,10 @@ lock_drop(struct lock *l)
 /*
  * Runs one command within what is left of the tick's budget (deadline,
  * monotonic ms).  Returns a reply of one of the types in `accept`, which
- * the caller frees; or NULL with the error set and the connection
- * dropped, for I/O errors, timeouts, error replies and surprises alike.
+ * the caller frees; or NULL with the error set: the connection dropped
+ * for I/O errors and timeouts, kept (l->refused) for an error reply or a
+ * reply of another type.  Dropped, each try made a new connection
+ * ("redis connected", a reconnect counted) to meet the same refusal.
  *
  * A connection idle since an earlier tick that turns out closed by the
  * other side is made again, and the command sent again, within the same
@@ -193,6 +198,7 @@ lock_command(struct lock *l, int64_t deadline, unsigned accept,
 
 	l->ctx_idle = false;
 	l->resent = false;
+	l->refused = false;
 	for (;;) {
 		left = deadline - now_mono_ms();
 		if (left <= 0) {
@@ -233,18 +239,16 @@ lock_command(struct lock *l, int64_t deadline, unsigned accept,
 			    l->ctx->errstr);
 		goto fail;
 	}
-	if (reply->type == REDIS_REPLY_ERROR) {
+	if (reply->type == REDIS_REPLY_ERROR)
 		lock_set_error(l, "%s %s: %s", what, l->addr, reply->str);
-		freeReplyObject(reply);
-		goto fail;
-	}
-	if ((R(reply->type) & accept) == 0) {
+	else if ((R(reply->type) & accept) == 0)
 		lock_set_error(l, "%s %s: unexpected reply type %d", what,
 		    l->addr, reply->type);
-		freeReplyObject(reply);
-		goto fail;
-	}
-	return reply;
+	else
+		return reply;
+	freeReplyObject(reply);
+	l->refused = true;
+	return NULL;
 fail:
 	lock_drop(l);
 	return NULL;
@@ -401,14 +405,16 @@ lock_lost(struct lock *l, const char *reason, bool keep_token)
 	l->token[0] = '\0';
 }
 
-/* The connection failed (and is dropped): schedule the next try. */
+/* The connection failed (and is dropped), or Redis refused the command
+ * (the connection is kept): schedule the next try. */
 static void
 lock_unreachable(struct lock *l)
 {
 	char qaddr[256], qerr[320];
 	int64_t delay;
 
-	lock_drop(l);
+	if (!l->refused)
+		lock_drop(l);
 	/* While held, retry often enough to renew before the validity
 	 * runs out; otherwise pace reconnects with backoff. */
 	if (l->held)

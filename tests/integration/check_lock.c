@@ -710,8 +710,10 @@ priv_admin(void)
 	if (r != NULL)
 		freeReplyObject(r);
 	admin_ok(c, "ACL SETUSER default resetkeys ~*");
-	/* The tests that lower it set it back themselves. */
+	/* The tests that lower it, or make it a replica, set it back
+	 * themselves. */
 	admin_ok(c, "CONFIG SET maxclients %s", priv.maxclients);
+	admin_ok(c, "REPLICAOF NO ONE");
 	return c;
 }
 
@@ -1190,6 +1192,42 @@ START_TEST(test_connect_past_the_validity_is_a_loss)
 }
 END_TEST
 
+/*
+ * A Redis that answers and refuses the command: a replica (READONLY),
+ * as after a failover that redis.address did not follow.  The
+ * connection works and is kept.  Before, each try dropped it and made a
+ * new one, which logged "redis connected" and counted a reconnect, to
+ * meet the same refusal.
+ */
+START_TEST(test_refused_command_keeps_the_connection)
+{
+	redisContext *c = priv_admin();
+	struct lock *a = lock_private(NULL, NULL);
+	struct backoff_params quick;
+	int64_t end;
+
+	backoff_params_default(&quick);
+	quick.init_ms = 50;
+	quick.max_ms = 50;
+	lock_set_reconnect(a, &quick);
+	admin_ok(c, "REPLICAOF 127.0.0.1 1");
+	for (end = now_mono_ms() + 1000; now_mono_ms() < end; nap_for(a)) {
+		enum lock_state st = lock_tick(a);
+
+		ck_assert_msg(st == LOCK_UNAVAILABLE && strstr(lock_error(a),
+		    "READONLY") != NULL, "%d: %s", st, lock_error(a));
+	}
+	ck_assert_int_eq(lock_reconnects(a), 0);
+	ck_assert(lock_redis_up(a));
+	admin_ok(c, "REPLICAOF NO ONE");
+	ck_assert(tick_until(a, LOCK_HELD, 5000));
+	ck_assert_int_eq(lock_reconnects(a), 0);
+	lock_release(a);
+	lock_free(a);
+	redisFree(c);
+}
+END_TEST
+
 int
 main(void)
 {
@@ -1246,6 +1284,7 @@ main(void)
 	tcase_add_test(priv_tc, test_idle_connection_closed_is_made_again);
 	tcase_add_test(priv_tc, test_failed_release_keeps_the_token);
 	tcase_add_test(priv_tc, test_connect_past_the_validity_is_a_loss);
+	tcase_add_test(priv_tc, test_refused_command_keeps_the_connection);
 	suite_add_tcase(s, priv_tc);
 
 	sr = srunner_create(s);
