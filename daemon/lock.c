@@ -7,6 +7,8 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -254,6 +256,30 @@ fail:
 	return NULL;
 }
 
+/*
+ * hiredis 0.14 takes a signal during its wait for the TCP handshake
+ * (poll's EINTR) for a failed connect: a reload's SIGHUP in that moment
+ * cost the connection, logged "redis unavailable" and sent a standby to
+ * PostgreSQL's lock.  The thread's signals wait for the connect
+ * instead, at most redis.connect_timeout; the daemon's handlers only
+ * set flags, which the main loop reads once the tick is over anyway.
+ */
+static redisContext *
+connect_unsignalled(const struct lock *l, struct timeval tv)
+{
+	sigset_t all, old;
+	redisContext *ctx;
+
+	sigfillset(&all);
+	(void)pthread_sigmask(SIG_BLOCK, &all, &old);
+	if (l->socket_path != NULL)
+		ctx = redisConnectUnixWithTimeout(l->socket_path, tv);
+	else
+		ctx = redisConnectWithTimeout(l->host, l->port, tv);
+	(void)pthread_sigmask(SIG_SETMASK, &old, NULL);
+	return ctx;
+}
+
 /* Connects, authenticates and selects the database. */
 static int
 lock_connect(struct lock *l, int64_t deadline)
@@ -263,10 +289,7 @@ lock_connect(struct lock *l, int64_t deadline)
 	char qaddr[256];
 
 	secret_reread(&l->password, l->password_file, "redis.password_file");
-	if (l->socket_path != NULL)
-		l->ctx = redisConnectUnixWithTimeout(l->socket_path, tv);
-	else
-		l->ctx = redisConnectWithTimeout(l->host, l->port, tv);
+	l->ctx = connect_unsignalled(l, tv);
 	if (l->ctx == NULL) {
 		lock_set_error(l, "connect %s: out of memory", l->addr);
 		goto fail;

@@ -5,13 +5,17 @@
  */
 #include <check.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -550,6 +554,78 @@ START_TEST(test_database_is_selected)
 	ck_assert_int_eq(admin_int(c, "EXISTS %s", key), 0);
 	lock_free(a);
 	redisFree(c);
+}
+END_TEST
+
+static void
+ignore_signal(int sig)
+{
+	(void)sig;
+}
+
+static void *
+signal_later(void *target)
+{
+	nap_ms(300);
+	(void)pthread_kill(*(pthread_t *)target, SIGUSR1);
+	return NULL;
+}
+
+/*
+ * A signal while the connect waits for the TCP handshake (a reload's
+ * SIGHUP to the daemon).  A listener whose accept queue is full drops
+ * the SYN, so the handshake waits.  hiredis 0.14 took the EINTR for a
+ * failed connect: "poll(2): Interrupted system call" at 300 ms.  Now the
+ * connect runs its course (its timeout here, 1.5 s) and the signal is
+ * handled after it.
+ */
+START_TEST(test_signal_does_not_cut_the_connect)
+{
+	struct sockaddr_in addr = { .sin_family = AF_INET,
+		.sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	socklen_t len = sizeof(addr);
+	struct sigaction quiet = { .sa_handler = ignore_signal }, old;
+	int listener = socket(AF_INET, SOCK_STREAM, 0), fillers[2];
+	pthread_t self = pthread_self(), signaller;
+	struct lock_conf conf;
+	struct lock *l;
+	int64_t started, took;
+
+	ck_assert_int_ge(listener, 0);
+	ck_assert_int_eq(bind(listener, (struct sockaddr *)&addr,
+	    sizeof(addr)), 0);
+	ck_assert_int_eq(listen(listener, 0), 0);
+	ck_assert_int_eq(getsockname(listener, (struct sockaddr *)&addr,
+	    &len), 0);
+	/* The first fills the queue, the second's SYN is dropped too. */
+	for (int i = 0; i < 2; i++) {
+		fillers[i] = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+		ck_assert_int_ge(fillers[i], 0);
+		(void)connect(fillers[i], (struct sockaddr *)&addr,
+		    sizeof(addr));
+	}
+	nap_ms(50);
+	conf_init(&conf, "127.0.0.1", ntohs(addr.sin_port));
+	conf.connect_timeout_ms = 1500;
+	l = lock_new(&conf);
+	/* No SA_RESTART, as in the daemon: poll() returns EINTR. */
+	ck_assert_int_eq(sigaction(SIGUSR1, &quiet, &old), 0);
+	ck_assert_int_eq(pthread_create(&signaller, NULL, signal_later,
+	    &self), 0);
+	started = now_mono_ms();
+	ck_assert_int_eq(lock_tick(l), LOCK_UNAVAILABLE);
+	took = now_mono_ms() - started;
+	ck_assert_int_eq(pthread_join(signaller, NULL), 0);
+	fprintf(stderr, "lock: connect with a signal in it gave up after "
+	    "%lld ms: %s\n", (long long)took, lock_error(l));
+	ck_assert_msg(strstr(lock_error(l), "Interrupted") == NULL, "%s",
+	    lock_error(l));
+	ck_assert_int_ge(took, 1400);
+	ck_assert_int_eq(sigaction(SIGUSR1, &old, NULL), 0);
+	lock_free(l);
+	for (int i = 0; i < 2; i++)
+		close(fillers[i]);
+	close(listener);
 }
 END_TEST
 
@@ -1263,6 +1339,7 @@ main(void)
 	tcase_add_test(shared, test_cheap_when_nothing_due);
 	tcase_add_test(shared, test_database_is_selected);
 	tcase_add_test(shared, test_disabled_is_always_held);
+	tcase_add_test(shared, test_signal_does_not_cut_the_connect);
 	suite_add_tcase(s, shared);
 
 	tcase_add_checked_fixture(down, setup, teardown);
