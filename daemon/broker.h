@@ -50,7 +50,7 @@ struct broker_conf {
 /* One message to publish; all pointers are borrowed for the call. */
 struct broker_msg {
 	int64_t id;		/* outbox id: becomes message_id */
-	const char *exchange;	/* "" = default exchange */
+	const char *exchange;	/* "" = default exchange; never NULL */
 	/* Non-empty: the exchange is declared durable with this type
 	 * (created when missing; a different existing type rejects the
 	 * message).  NULL or "": it must exist (passive check). */

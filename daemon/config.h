@@ -100,6 +100,14 @@ void config_apply_reloadable(struct config *cur, const struct config *next);
 int config_reload(struct config *cur, FILE *errs) WARN_UNUSED;
 
 /*
+ * How long one step of the main loop or of a relay worker may take
+ * within the configured time limits: /healthz calls a loop that has not
+ * reported for longer stalled, and systemd's WatchdogSec= must be
+ * longer (main.c warns at start when it is not).
+ */
+int64_t config_longest_step_ms(const struct config *);
+
+/*
  * For `outboxd -n -c FILE` and `outboxd check -c FILE`: loads path and
  * writes either every error or "configuration OK" to out.  Returns the
  * exit status: 0 when the file is valid, 1 when it is not.

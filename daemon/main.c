@@ -245,7 +245,7 @@ struct daemon {
 	struct workers *workers;	/* relay.workers - 1 more */
 	struct leader *leader;
 	struct http *http;
-	int64_t stall_limit_ms;		/* see stall_limit() */
+	int64_t stall_limit_ms;		/* config_longest_step_ms() */
 	uint64_t redis_reconnects;	/* counted in metrics so far */
 	char status[160];		/* the last STATUS= sent to systemd */
 };
@@ -270,25 +270,6 @@ set_health(struct daemon *d, bool healthy, const char *reason)
 	snprintf(d->status, sizeof(d->status), "%s", status);
 	snprintf(line, sizeof(line), "STATUS=%s", status);
 	sd_notify(0, line);
-}
-
-/*
- * How long the main loop or a relay worker may go without reporting
- * before /healthz calls it stalled: the longest step its timeouts allow
- * (a batch's confirms, twice for a batch sent in parts, see side_publish
- * in relay.c; then a connect to each server, every RabbitMQ node in
- * turn), and at least 10 s, so that a slow fsync is no alarm.
- * A claim blocked on a table lock with postgres.lock_timeout 0 has no
- * timeout: this catches it.
- */
-static int64_t
-stall_limit(const struct config *cfg)
-{
-	int64_t ms = cfg->broker.confirm_timeout_ms * 2 +
-	    cfg->store.connect_timeout_ms + cfg->lock.connect_timeout_ms +
-	    cfg->broker.connect_timeout_ms * (int64_t)cfg->broker.n_nodes;
-
-	return ms > 10000 ? ms : 10000;
 }
 
 static void
@@ -404,7 +385,7 @@ run_daemon(struct config *cfg)
 	bool ready = false;
 
 	metrics_init(OUTBOXD_VERSION);
-	d.stall_limit_ms = stall_limit(cfg);
+	d.stall_limit_ms = config_longest_step_ms(cfg);
 	metrics_set_stall_limit(d.stall_limit_ms);
 	/* The endpoint's thread inherits this mask: with SIGTERM and SIGHUP
 	 * blocked there, they reach the main thread, whose poll() they cut

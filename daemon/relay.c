@@ -598,6 +598,40 @@ side_order(struct relay *r, struct side *x)
 }
 
 /*
+ * A claim failed on a row it cannot read in UTF-8 (a database in
+ * WIN1252 with an unassigned byte in a name, say), as every claim that
+ * reaches that row would: every row behind it waited.  Such rows are
+ * made DEAD, for the operator to mend and replay.  Returns how many, or
+ * -1 with the store's error.
+ */
+#define UNREADABLE_LOGGED 8
+
+static int
+mark_unreadable(struct relay *r, struct side *x,
+    const struct store_claim_opts *opts)
+{
+	struct store_unreadable found[UNREADABLE_LOGGED];
+	size_t n;
+
+	if (store_mark_unreadable_dead(x->store, opts, found,
+	    UNREADABLE_LOGGED, &n) == -1)
+		return -1;
+	for (size_t i = 0; i < n; i++) {
+		metrics_inc_failed(METRICS_FAIL_BAD_ROW, 1);
+		metrics_inc_dead(1);
+		r->stats.dead++;
+		if (i < UNREADABLE_LOGGED)
+			log_warn("message dead", "id=%" PRId64 " error=%s",
+			    found[i].id, log_quote((char[400]){ 0 }, 400,
+			    found[i].error));
+	}
+	if (n > UNREADABLE_LOGGED)
+		log_warn("more messages dead, unreadable", "rows=%zu",
+		    n - UNREADABLE_LOGGED);
+	return (int)n;
+}
+
+/*
  * Claims a batch on x's session and prepares its messages; rows that
  * cannot be sent are marked failed up front.  Returns the batch size,
  * or -1 with the store's error (the session's transaction rolled back).
@@ -618,7 +652,10 @@ side_claim(struct relay *r, struct side *x, int64_t lock_timeout_ms)
 	opts.n_skip = refused_held(r->refused, x->claim_ms, skip,
 	    STORE_SKIP_MAX);
 	x->claimed_us = now_mono_us();
-	if (store_claim(x->store, &opts, &x->batch) == -1)
+	if (store_claim(x->store, &opts, &x->batch) == -1 &&
+	    (!store_untranslatable(x->store) ||
+	    mark_unreadable(r, x, &opts) <= 0 ||
+	    store_claim(x->store, &opts, &x->batch) == -1))
 		return -1;
 	x->nmsg = 0;
 	r->last_claim_cut = x->batch.cut_short;

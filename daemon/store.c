@@ -75,8 +75,7 @@
  * init_backoff (PostgreSQL 17 has them) as the longest delay, which
  * backoff.max caps ('-infinity': a negative one, which is ignored).
  */
-#define CLAIM_SQL(extra) \
-    "WITH due AS (" \
+#define CLAIM_DUE(extra) \
     " SELECT * FROM t_transactional_message m" \
     " WHERE " DUE_PREDICATE extra \
     "  AND m.id <> ALL($5::int8[])" \
@@ -86,7 +85,10 @@
     "   WHERE o.business_key = m.business_key AND o.id < m.id" \
     "    AND o.message_status IN (0, 2) AND NOT o.deleted))" \
     " ORDER BY coalesce(next_schedule_time, '-infinity'::timestamptz), id" \
-    " LIMIT $1 FOR UPDATE SKIP LOCKED)," \
+    " LIMIT $1 FOR UPDATE SKIP LOCKED"
+
+#define CLAIM_SQL(extra) \
+    "WITH due AS (" CLAIM_DUE(extra) ")," \
     " sized AS (SELECT u.*, l.len, l.content," \
     "  sum(least(coalesce(l.len, 0), $3::int8)) OVER (ORDER BY" \
     "   coalesce(u.next_schedule_time, '-infinity'::timestamptz), u.id)" \
@@ -124,6 +126,30 @@
 
 static const char claim_all_sql[] = CLAIM_SQL("");
 static const char claim_new_sql[] = CLAIM_SQL(" AND m.message_status = 0");
+
+/*
+ * A row the claim cannot read (store_untranslatable): the claim's rows
+ * by id alone, then each one's text alone, behind a savepoint, so that
+ * one that fails is known and the others' reads go on.  The text read is
+ * what the claim reads: the names, and the headers whole.  ($3 and $4
+ * are the claim's, unused here.)
+ */
+static const char unreadable_all_sql[] =
+    "WITH due AS (" CLAIM_DUE("") ") SELECT id FROM due";
+static const char unreadable_new_sql[] =
+    "WITH due AS (" CLAIM_DUE(" AND m.message_status = 0") ")"
+    " SELECT id FROM due";
+#define UNREADABLE_PROBE_SQL \
+	"SAVEPOINT outboxd_probe; SELECT exchange_name, exchange_type," \
+	" routing_key, queue_name, content_type, business_module," \
+	" business_key, headers::text FROM t_transactional_message" \
+	" WHERE id = %" PRId64 "; RELEASE outboxd_probe"
+static const char mark_unreadable_sql[] =
+    "UPDATE t_transactional_message SET message_status = 3,"
+    " current_retry_times = least(greatest(current_retry_times, 0) + 1,"
+    "  32767),"
+    " last_error = $2, edit_time = statement_timestamp(),"
+    " editor = 'outboxd', next_schedule_time = NULL WHERE id = $1";
 
 /* The lock an UPDATE of the table takes; see store_claim. */
 #define LOCK_FOR_MARKS \
@@ -1257,6 +1283,105 @@ store_claim(struct store *s, const struct store_claim_opts *opts,
 	return 0;
 }
 
+bool
+store_untranslatable(const struct store *s)
+{
+	/* 22P05: a character with no equivalent in the client's encoding;
+	 * 22021: bytes not valid in the database's own. */
+	return strcmp(s->sqlstate, "22P05") == 0 ||
+	    strcmp(s->sqlstate, "22021") == 0;
+}
+
+/*
+ * Reads row id's text alone.  Returns 1 when it cannot be read so (the
+ * database's words in why, its non-ASCII bytes as "?": they are to be
+ * written into a database whose encoding may lack them), 0 when it
+ * can, -1 on any other error.
+ */
+static int
+probe_readable(struct store *s, int64_t id, char *why, size_t size)
+{
+	char sql[sizeof(UNREADABLE_PROBE_SQL) + 24];
+
+	snprintf(sql, sizeof(sql), UNREADABLE_PROBE_SQL, id);
+	if (exec_command(s, sql) == 0)
+		return 0;
+	if (!store_untranslatable(s))
+		return -1;
+	snprintf(why, size, "unreadable: a name or header has no UTF-8 "
+	    "form: %s", s->refusal);
+	for (char *p = why; *p != '\0'; p++)
+		if ((unsigned char)*p >= 0x80)
+			*p = '?';
+	return exec_command(s, "ROLLBACK TO SAVEPOINT outboxd_probe; "
+	    "RELEASE outboxd_probe") == 0 ? 1 : -1;
+}
+
+int
+store_mark_unreadable_dead(struct store *s,
+    const struct store_claim_opts *opts, struct store_unreadable *out,
+    size_t cap, size_t *n)
+{
+	/* $3 and $4 typed, since nothing else says what they are. */
+	static const Oid types[5] = { 0, 0, 20 /* int8 */, 20, 0 };
+	char limit[16], lock[64], why[sizeof(out->error)];
+	const char *params[5] = { limit, opts->ordered_by_key ? "t" : "f",
+		NULL, NULL, NULL };
+	PGresult *ids;
+	int rc;
+
+	*n = 0;
+	if (s->conn == NULL)
+		return -1;
+	snprintf(limit, sizeof(limit), "%d", opts->limit);
+	params[4] = ids_array(s, opts->skip_ids, opts->n_skip);
+	strfmt(lock, sizeof(lock), "BEGIN; SET LOCAL lock_timeout = %" PRId64,
+	    opts->lock_timeout_ms);
+	if (exec_command(s, opts->lock_timeout_ms > 0 ? lock : "BEGIN") == -1)
+		goto fail;
+	ids = PQexecParams(s->conn, opts->include_retries ? unreadable_all_sql :
+	    unreadable_new_sql, 5, types, params, NULL, NULL, 0);
+	if (PQresultStatus(ids) != PGRES_TUPLES_OK) {
+		set_result_error(s, ids, "claim");
+		goto fail;
+	}
+	for (int i = 0; i < PQntuples(ids); i++) {
+		int64_t id = strtoll(PQgetvalue(ids, i, 0), NULL, 10);
+		char idtext[24];
+		const char *mark[2] = { idtext, why };
+
+		rc = probe_readable(s, id, why, sizeof(why));
+		if (rc == 0)
+			continue;
+		if (rc == 1) {
+			snprintf(idtext, sizeof(idtext), "%" PRId64, id);
+			rc = result_done(s, PQexecParams(s->conn,
+			    mark_unreadable_sql, 2, NULL, mark, NULL, NULL, 0),
+			    "marking an unreadable row");
+		}
+		if (rc == -1) {
+			PQclear(ids);
+			goto fail;
+		}
+		if (*n < cap) {
+			out[*n].id = id;
+			snprintf(out[*n].error, sizeof(out[*n].error), "%s",
+			    why);
+		}
+		(*n)++;
+	}
+	PQclear(ids);
+	if (exec_command(s, "COMMIT") == 0)
+		return 0;
+	*n = 0;
+	return -1;
+fail:
+	*n = 0;
+	if (s->conn != NULL && PQtransactionStatus(s->conn) != PQTRANS_IDLE)
+		PQclear(PQexec(s->conn, "ROLLBACK"));
+	return -1;
+}
+
 /* --- marking --------------------------------------------------------- */
 
 /*
@@ -1391,6 +1516,12 @@ bool
 store_permission_denied(const struct store *s)
 {
 	return strcmp(s->sqlstate, "42501") == 0;
+}
+
+bool
+store_lock_timed_out(const struct store *s)
+{
+	return strcmp(s->sqlstate, "55P03") == 0;
 }
 
 /* Whether the last failed statement's error can come from one row, on
@@ -1831,6 +1962,22 @@ store_replay_dead(struct store *s, int64_t id, const struct dead_filter *f,
 	return exec_command(s, "COMMIT");
 }
 
+/* The dead rows' listing; TEXT(x) gives how text column x is read. */
+#define DEAD_LIST_SQL(TEXT) \
+    "SELECT id, " TEXT("exchange_name") ", " \
+    TEXT("coalesce(nullif(routing_key, ''), queue_name)") ", " \
+    TEXT("coalesce(business_key, '')") ", current_retry_times," \
+    " to_char(edit_time, 'YYYY-MM-DD\"T\"HH24:MI:SSOF'), " \
+    TEXT("coalesce(last_error, '')") \
+    " FROM t_transactional_message WHERE message_status = 3" \
+    " AND NOT deleted" DEAD_FILTER_SQL " ORDER BY id DESC" \
+    " LIMIT $1::int4"
+#define AS_TEXT(x) x
+/* The stored bytes, with those above 0x7f as \ooo: ASCII, which every
+ * encoding has. */
+#define AS_ESCAPED_BYTES(x) \
+    "encode(convert_to(" x ", getdatabaseencoding()), 'escape')"
+
 int
 store_list_dead(struct store *s, int limit, const struct dead_filter *f,
     void (*fn)(const struct dead_row *, void *), void *arg)
@@ -1841,14 +1988,13 @@ store_list_dead(struct store *s, int limit, const struct dead_filter *f,
 
 	snprintf(lim, sizeof(lim), "%d", limit);
 	dead_filter_params(f, params);
-	res = query(s, "dead", "SELECT id, exchange_name,"
-	    " coalesce(nullif(routing_key, ''), queue_name),"
-	    " coalesce(business_key, ''), current_retry_times,"
-	    " to_char(edit_time, 'YYYY-MM-DD\"T\"HH24:MI:SSOF'),"
-	    " coalesce(last_error, '')"
-	    " FROM t_transactional_message WHERE message_status = 3"
-	    " AND NOT deleted" DEAD_FILTER_SQL " ORDER BY id DESC"
-	    " LIMIT $1::int4", 4, params, PGRES_TUPLES_OK);
+	res = query(s, "dead", DEAD_LIST_SQL(AS_TEXT), 4, params,
+	    PGRES_TUPLES_OK);
+	/* A row made DEAD for text with no UTF-8 form (store_mark_
+	 * unreadable_dead) is listed too, its bytes as escapes. */
+	if (res == NULL && store_untranslatable(s))
+		res = query(s, "dead", DEAD_LIST_SQL(AS_ESCAPED_BYTES), 4,
+		    params, PGRES_TUPLES_OK);
 	if (res == NULL)
 		return -1;
 	for (int i = 0; i < PQntuples(res); i++) {

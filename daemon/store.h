@@ -186,6 +186,36 @@ bool store_statements_stale(const struct store *);
 /* The last statement failed for want of a privilege (SQLSTATE 42501):
  * the role lacks a grant that examples/roles.sql gives. */
 bool store_permission_denied(const struct store *);
+/* The last statement failed because it waited postgres.lock_timeout for
+ * a lock (SQLSTATE 55P03): the table is locked, say by a migration, and
+ * the next statement on it would wait as long. */
+bool store_lock_timed_out(const struct store *);
+/*
+ * The last statement failed because a value has no form in UTF-8, the
+ * encoding outboxd reads in (SQLSTATE 22P05), or is not valid in the
+ * database's own (22021): text stored in a database in WIN1252 with
+ * one of its unassigned bytes (0x81), say.  Every claim that reaches
+ * such a row fails.
+ */
+bool store_untranslatable(const struct store *);
+
+/* A row store_mark_unreadable_dead made DEAD. */
+struct store_unreadable {
+	int64_t id;
+	char error[320];	/* its last_error now */
+};
+
+/*
+ * After a claim with opts failed so (store_untranslatable): reads the
+ * text of each row that claim would take, one by one, and makes DEAD
+ * those that cannot be read, with the database's words in last_error,
+ * in a transaction of its own (outside a batch).  Sets *n to how many,
+ * and writes up to cap of them to out.  0, or -1 with the store's error
+ * (nothing marked).
+ */
+int store_mark_unreadable_dead(struct store *,
+    const struct store_claim_opts *opts, struct store_unreadable *out,
+    size_t cap, size_t *n) WARN_UNUSED;
 /* Rolls back (rows become due again untouched) and releases the batch. */
 void store_abort(struct store *, struct store_batch *);
 

@@ -31,6 +31,7 @@ failed=()
 skipped=()
 for t in "$@"; do
 	echo "== ${t##*/}"
+	started=$SECONDS
 	# Each suite gets a fresh set of rows; servers stay up between them.
 	PGOPTIONS="-c client_min_messages=warning" psql -q \
 		-c "TRUNCATE t_transactional_message CASCADE" >/dev/null
@@ -47,6 +48,8 @@ for t in "$@"; do
 			timeout "${SUITE_TIMEOUT:-900}" "$t" 2>&1 | tee "$out" ||
 			failed+=("${t##*/}")
 	fi
+	# Where a long run spends its time, at a glance in the CI log.
+	echo "-- ${t##*/}: $((SECONDS - started)) s"
 	# A check this machine cannot make says SKIP: counted, not hidden.
 	grep -q '^SKIP' "$out" && skipped+=("${t##*/}")
 	# A suite that stopped a server leaves it down: bring it back.

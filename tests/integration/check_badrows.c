@@ -701,6 +701,64 @@ START_TEST(test_non_utf8_content)
 END_TEST
 
 /*
+ * A database in WIN1252 stores bytes that encoding leaves unassigned
+ * (0x81, 0x8d, 0x8f, 0x90, 0x9d) and that have no UTF-8 form, which is
+ * what outboxd reads in.  Such a byte in a name or a header failed every
+ * claim that reached the row ("character with byte sequence 0x81 in
+ * encoding "WIN1252" has no equivalent in encoding "UTF8""), and with
+ * the row first in line nothing was sent at all.  Now such rows are
+ * DEAD with those words, and every other row goes.  The suite's helpers
+ * work on a database of that encoding for this case.
+ */
+START_TEST(test_row_with_no_utf8_form)
+{
+	char conninfo[512], yaml[1024], cfg[512], out[4096], err[4096];
+	PGconn *outbox_db = db;
+	pid_t pid;
+
+	tl_sql(db, "DROP DATABASE IF EXISTS badrows_win1252 WITH (FORCE)");
+	tl_sql(db, "CREATE DATABASE badrows_win1252 TEMPLATE template0 "
+	    "ENCODING 'WIN1252' LC_COLLATE 'C' LC_CTYPE 'C'");
+	snprintf(conninfo, sizeof(conninfo), "%s dbname=badrows_win1252",
+	    tl_env("OUTBOXD_PG_CONNINFO"));
+	snprintf(yaml, sizeof(yaml), BASE_YAML "postgres.conninfo: \"%s\"\n",
+	    conninfo);
+	tl_config_write(cfg, sizeof(cfg), yaml);
+	ck_assert_msg(tl_outboxd_cli(out, sizeof(out), err, sizeof(err), cfg,
+	    "migrate", NULL) == 0, "migrate: %s", err);
+	db = PQconnectdb(conninfo);
+	ck_assert_msg(PQstatus(db) == CONNECTION_OK, "%s",
+	    PQerrorMessage(db));
+	ck_assert_str_eq(PQparameterStatus(db, "server_encoding"), "WIN1252");
+
+	/* First in line, so that before every claim failed on them. */
+	tl_sql(db, "SELECT outbox_enqueue('', E'badrows.\\x81', 'x', "
+	    "business_key => 'win-routing-key')");
+	tl_sql(db, "SELECT outbox_enqueue('', '" GOOD "', 'x', business_key => "
+	    "'win-header', headers => E'{\"tenant\": \"a\\x8d\"}')");
+	pid = start_with(yaml, "SELECT outbox_enqueue('', '" GOOD "', 'x', "
+	    "business_key => 'win-latin', headers => "
+	    "E'{\"caf\\xe9\": \"\\x80\"}')");
+	assert_row("win-routing-key", 3, 1, "no UTF-8 form");
+	assert_row("win-routing-key", 3, 1, "0x81 in encoding");
+	assert_row("win-header", 3, 1, "0x8d in encoding");
+	/* Bytes WIN1252 assigns (e acute, the euro sign) go as UTF-8. */
+	assert_row("win-latin", 1, 0, NULL);
+	assert_good_delivered();
+	ck_assert(tl_log_contains(pid, "msg=\"message dead\""));
+	/* The operator's list shows them, the bytes as escapes. */
+	ck_assert_msg(tl_outboxd_cli(out, sizeof(out), err, sizeof(err), cfg,
+	    "dead", NULL) == 0, "dead: %s", err);
+	ck_assert_msg(strstr(out, "badrows.\\201") != NULL, "dead: %s", out);
+	ck_assert_msg(strstr(out, "win-header") != NULL, "dead: %s", out);
+	assert_still_serving(pid);
+	PQfinish(db);
+	db = outbox_db;
+	tl_sql(db, "DROP DATABASE badrows_win1252");
+}
+END_TEST
+
+/*
  * The broker's words about a row, cut at a byte count in the middle of a
  * character (RabbitMQ cuts its close text, outboxd its return text):
  * stored with the bad bytes as "?".  PostgreSQL refused them once, and
@@ -1523,6 +1581,7 @@ main(void)
 	tcase_add_test(tc, test_headers_not_an_object);
 	tcase_add_test(tc, test_routing_headers_refused);
 	tcase_add_test(tc, test_non_utf8_content);
+	tcase_add_test(tc, test_row_with_no_utf8_form);
 	tcase_add_test(tc, test_broker_text_cut_mid_character);
 	tcase_add_test(tc, test_unknown_exchange_type);
 	tcase_add_test(tc, test_message_that_breaks_connections);

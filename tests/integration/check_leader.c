@@ -1370,7 +1370,9 @@ append_literal(char *out, size_t size, size_t *len, const char *p)
 
 /*
  * Expands a string macro of store.c: string literals are concatenated,
- * the identifier `name1` is replaced by text1 and `name2` by text2.
+ * the identifier `name1` is replaced by text1 and `name2` by text2, and
+ * the arguments of a macro so replaced are skipped (its text is given
+ * expanded for them).
  */
 static void
 expand_macro(const char *src, const char *define, const char *name1,
@@ -1407,6 +1409,8 @@ expand_macro(const char *src, const char *define, const char *name1,
 			len += (size_t)snprintf(out + len, size - len, "%s",
 			    text);
 			ck_assert_uint_lt(len, size);
+			if (*p == '(')
+				p += strcspn(p, ")");
 		} else {
 			p++;
 		}
@@ -1493,7 +1497,8 @@ claimed(const char *name)
  */
 START_TEST(test_claim_plan_stays_on_indexes)
 {
-	static char src[200000], due[1024], sql[8192], plan[32768];
+	static char src[200000], due[1024], claim_due[2048], sql[8192],
+	    plan[32768];
 	const char *const names[] = { "claim_all", "claim_new" };
 	const char *const extras[] = { "", " AND m.message_status = 0" };
 
@@ -1517,8 +1522,10 @@ START_TEST(test_claim_plan_stays_on_indexes)
 	tl_sql(db, "ANALYZE t_transactional_message");
 	tl_sql(db, "ANALYZE t_transactional_message_content");
 	for (int i = 0; i < 2; i++) {
-		expand_macro(src, "#define CLAIM_SQL(extra)", "DUE_PREDICATE",
-		    due, "extra", extras[i], sql, sizeof(sql));
+		expand_macro(src, "#define CLAIM_DUE(extra)", "DUE_PREDICATE",
+		    due, "extra", extras[i], claim_due, sizeof(claim_due));
+		expand_macro(src, "#define CLAIM_SQL(extra)", "CLAIM_DUE",
+		    claim_due, NULL, NULL, sql, sizeof(sql));
 		tl_sql(db, "PREPARE %s(int, bool, bigint, bigint, bigint[]) AS %s",
 		    names[i], sql);
 		explain(names[i], plan, sizeof(plan));

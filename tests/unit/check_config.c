@@ -1400,6 +1400,52 @@ START_TEST(test_sample_loads_as_defaults)
 }
 END_TEST
 
+/* WatchdogSec= of the shipped unit, in ms. */
+static int64_t
+unit_watchdog_ms(void)
+{
+	char path[4096], *unit, *at;
+	long s;
+
+	unit = read_file(src_path(path, sizeof(path),
+	    "systemd/outboxd.service"), NULL);
+	at = strstr(unit, "\nWatchdogSec=");
+	ck_assert_msg(at != NULL, "no WatchdogSec= in %s", path);
+	s = strtol(at + strlen("\nWatchdogSec="), NULL, 10);
+	free(unit);
+	return (int64_t)s * 1000;
+}
+
+/*
+ * The longest step: /healthz's stall limit and what WatchdogSec= must
+ * exceed.  A pipelined relay awaits one batch more, and the claim and
+ * the compensation before it each wait for the table lock.  Before,
+ * neither counted, and a claim waiting postgres.lock_timeout after a
+ * compensation that had waited as long read as a stall.
+ */
+START_TEST(test_longest_step)
+{
+	struct config c;
+
+	config_defaults(&c);
+	/* confirms 2 x 10 s, locks 2 x 5 s, connects 5 + 2 + 5 s */
+	ck_assert_int_eq(config_longest_step_ms(&c), 42000);
+	c.relay.pipeline = true;
+	ck_assert_int_eq(config_longest_step_ms(&c), 52000);
+	/* The shipped unit's watchdog outlasts either with the defaults. */
+	ck_assert_int_gt(unit_watchdog_ms(), config_longest_step_ms(&c));
+	c.store.lock_timeout_ms = 0;
+	c.relay.pipeline = false;
+	ck_assert_int_eq(config_longest_step_ms(&c), 32000);
+	c.broker.confirm_timeout_ms = 1000;
+	c.store.connect_timeout_ms = 1000;
+	c.broker.connect_timeout_ms = 1000;
+	c.lock.connect_timeout_ms = 1000;
+	ck_assert_int_eq(config_longest_step_ms(&c), 10000);
+	config_free(&c);
+}
+END_TEST
+
 static bool
 is_comment(const char *line)
 {
@@ -1832,6 +1878,7 @@ main(void)
 	    (int)(sizeof(conninfo_cases) / sizeof(conninfo_cases[0])));
 	tcase_add_test(tc, test_dump_escapes_c1_controls);
 	tcase_add_test(tc, test_sample_loads_as_defaults);
+	tcase_add_test(tc, test_longest_step);
 	tcase_add_test(tc, test_sample_documents_every_key);
 	tcase_add_test(tc, test_keys_and_dump_agree);
 	tcase_add_test(tc, test_load_file_errors);
