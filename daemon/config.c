@@ -1618,18 +1618,19 @@ config_keys(void)
  * The longest a step may take by its time limits.  A batch's confirms:
  * twice rabbitmq.confirm_timeout for a batch sent in parts
  * (side_publish in relay.c), once more for a pipelined relay, whose
- * step first awaits the batch before.  Two waits for a table lock: the
- * leader's compensation gives up after one (leader.c), and the claim
- * after it may wait one more.  A connect to each server, every RabbitMQ
- * node in turn.  At least 10 s, so that a slow fsync is no alarm.
- * With postgres.lock_timeout 0 a claim blocked on a table lock has no
- * limit: the stall is what catches it.
+ * step first awaits the batch before.  Four waits for a table lock: the
+ * leader's compensation (leader.c) sweeps, purges and counts, each
+ * within postgres.lock_timeout, and the claim after it waits as long.
+ * A connect to each server, every RabbitMQ node in turn.  At least
+ * 10 s, so that a slow fsync is no alarm.  With postgres.lock_timeout 0
+ * a claim blocked on a table lock has no limit: the stall is what
+ * catches it.
  */
 int64_t
 config_longest_step_ms(const struct config *c)
 {
 	int64_t ms = c->broker.confirm_timeout_ms * (c->relay.pipeline ?
-	    3 : 2) + c->store.lock_timeout_ms * 2 +
+	    3 : 2) + c->store.lock_timeout_ms * 4 +
 	    c->store.connect_timeout_ms + c->lock.connect_timeout_ms +
 	    c->broker.connect_timeout_ms * (int64_t)c->broker.n_nodes;
 

@@ -276,15 +276,13 @@ leader_backlog_interval_ms(int64_t took_ms)
  * fired.
  */
 static int64_t
-purge_sent(struct leader *l, bool *lock_timed_out)
+purge_sent(struct leader *l)
 {
 	int64_t n, purged = 0;
 
-	*lock_timed_out = false;
 	for (int i = 0; i < PURGE_CHUNKS_PER_TICK; i++) {
 		if (store_purge_sent(l->store, l->conf.retention_ms,
 		    PURGE_CHUNK, &n) == -1) {
-			*lock_timed_out = store_lock_timed_out(l->store);
 			log_event_limited(&l->purge_log, LOG_WARN,
 			    "sent rows not purged", "rows=%" PRId64
 			    " retry_in_ms=%d error=%s%s", purged,
@@ -313,8 +311,7 @@ purge_sent(struct leader *l, bool *lock_timed_out)
 
 /*
  * Marks rows out of retries DEAD, a few chunks per pass; returns how
- * many, or -1 when the session is gone or the table's lock was not had
- * within postgres.lock_timeout (compensate then stops).  A sweep refused on a live
+ * many, or -1 when the session is gone.  A sweep refused on a live
  * session (a trigger that refuses one of the rows) is logged, and the
  * rest of the compensation goes on: before, it failed every
  * compensation, and the row gauges froze.  *more: the last chunk came
@@ -328,8 +325,7 @@ sweep_exhausted(struct leader *l, bool *more)
 	*more = false;
 	for (int i = 0; i < SWEEP_CHUNKS_PER_TICK; i++) {
 		if (store_sweep_exhausted(l->store, SWEEP_CHUNK, &n) == -1) {
-			if (!store_connected(l->store) ||
-			    store_lock_timed_out(l->store))
+			if (!store_connected(l->store))
 				return -1;
 			log_event_limited(&l->sweep_log, LOG_WARN,
 			    "rows out of retries not marked dead", "error=%s",
@@ -353,22 +349,12 @@ static void
 compensate(struct leader *l)
 {
 	int64_t purged = 0, started = now_mono_ms();
-	bool sweep_more, purge_timed_out = false;
+	bool sweep_more;
 
-	/* A statement that waited postgres.lock_timeout for the table ends
-	 * the pass: the next would wait as long, and the main loop's step
-	 * must stay within config_longest_step_ms (one such wait here, one
-	 * in the claim after it). */
 	if (sweep_exhausted(l, &sweep_more) == -1)
 		goto fail;
 	if (l->conf.retention_ms > 0 && now_mono_ms() >= l->next_purge_ms)
-		purged = purge_sent(l, &purge_timed_out);
-	if (purge_timed_out) {
-		l->gauges.valid = false;
-		l->next_compensation_ms = now_mono_ms() +
-		    l->conf.poll_interval_ms;
-		return;
-	}
+		purged = purge_sent(l);
 	if (store_counts(l->store, false, &l->gauges.counts) == -1)
 		goto fail;
 	l->gauges.valid = true;

@@ -260,18 +260,19 @@ fail:
  * hiredis 0.14 takes a signal during its wait for the TCP handshake
  * (poll's EINTR) for a failed connect: a reload's SIGHUP in that moment
  * cost the connection, logged "redis unavailable" and sent a standby to
- * PostgreSQL's lock.  The thread's signals wait for the connect
- * instead, at most redis.connect_timeout; the daemon's handlers only
- * set flags, which the main loop reads once the tick is over anyway.
+ * PostgreSQL's lock.  SIGHUP waits for the connect instead (its handler
+ * only sets a flag, read once the tick is over).  A stop signal still
+ * cuts the connect short: the daemon is on its way out.
  */
 static redisContext *
 connect_unsignalled(const struct lock *l, struct timeval tv)
 {
-	sigset_t all, old;
+	sigset_t reload, old;
 	redisContext *ctx;
 
-	sigfillset(&all);
-	(void)pthread_sigmask(SIG_BLOCK, &all, &old);
+	sigemptyset(&reload);
+	sigaddset(&reload, SIGHUP);
+	(void)pthread_sigmask(SIG_BLOCK, &reload, &old);
 	if (l->socket_path != NULL)
 		ctx = redisConnectUnixWithTimeout(l->socket_path, tv);
 	else

@@ -205,8 +205,17 @@ log_event_limited(struct log_limit *limit, enum log_level level,
  * cut between characters only: a UTF-8 sequence cut in half made the
  * whole line invalid, and journalctl showed it as "[N B blob data]"
  * (a localized PostgreSQL error, a non-ASCII exchange name).  Bytes
- * that are not UTF-8 become '?'.
+ * that are not UTF-8 become '?'.  A C1 control (U+0080-U+009F: NEL,
+ * CSI) becomes a space, as the C0 ones do: journalctl hid the whole line
+ * as a blob, a terminal acted on a CSI, and shippers split at a NEL (an
+ * exchange name in the broker's words, say).
  */
+static bool
+is_c1(const unsigned char *p)
+{
+	return p[0] == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f;
+}
+
 static size_t
 put_char(char *buf, size_t *n, size_t room, const unsigned char *p,
     int quoted)
@@ -221,6 +230,9 @@ put_char(char *buf, size_t *n, size_t room, const unsigned char *p,
 		len = 2;
 	} else if (*p < ' ' || *p == 0x7f) {
 		esc[0] = ' ';
+	} else if (is_c1(p)) {
+		esc[0] = ' ';
+		in = 2;
 	} else if (*p >= 0x80) {
 		/* The sequence ends at the string's NUL at the latest. */
 		in = len = utf8_seq_len(p, 4);
@@ -252,7 +264,8 @@ log_quote(char *buf, unsigned long size, const char *s)
 		s = "";
 	for (const char *p = s; *p != '\0'; p++) {
 		unsigned char c = (unsigned char)*p;
-		if (c <= ' ' || c == '"' || c == '=' || c == '\\' || c == 0x7f)
+		if (c <= ' ' || c == '"' || c == '=' || c == '\\' || c == 0x7f ||
+		    is_c1((const unsigned char *)p))
 			quoted = 1;
 	}
 	/* Room for the text: less the terminator and both quotes (in a

@@ -84,9 +84,14 @@ static void
 on_stop(int sig)
 {
 	(void)sig;
-	/* A second signal means "now": skip the graceful path. */
-	if (stop_requested)
+	/* A second signal means "now": skip the graceful path, and say
+	 * so (an exit 1 with no word sent on-call looking for a cause). */
+	if (stop_requested) {
+		log_from_signal_handler(LOG_ERROR, "msg=\"second stop signal: "
+		    "exiting at once with batches unfinished\" hint=\"their "
+		    "rows stay due and are sent again\"");
 		_exit(1);
+	}
 	stop_requested = 1;
 	workers_ask_to_stop(atomic_load(&signal_workers));
 	/* If the batch in flight cannot finish in time, SIGALRM ends the
@@ -589,12 +594,15 @@ run_command(int argc, char **argv)
 		}
 	}
 	if (optind < argc) {
-		/* -n is `check`: with another command after it, one of the
-		 * two would be ignored (it was -n, and the daemon ran). */
-		if (strcmp(command, "check") == 0 &&
-		    strcmp(argv[optind], "check") != 0) {
-			fprintf(stderr, "outboxd: -n checks the config; it "
-			    "cannot go with '%s'\n", argv[optind]);
+		/* -n is `check` and -V `version`: with another command after
+		 * it, one of the two would be ignored (it was the option: the
+		 * daemon ran, or `-V migrate` migrated). */
+		if (strcmp(command, "run") != 0 &&
+		    strcmp(argv[optind], command) != 0) {
+			fprintf(stderr, "outboxd: %s cannot go with '%s'\n",
+			    strcmp(command, "check") == 0 ? "-n checks the "
+			    "config; it" : "-V prints the version; it",
+			    argv[optind]);
 			return 2;
 		}
 		command = argv[optind];

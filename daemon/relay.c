@@ -1370,6 +1370,14 @@ relay_step(struct relay *r, int64_t max_wait_ms)
 	 * work, not after the next wait (up to a second). */
 	if (woken(r))
 		return false;
+	/* libpq keeps each NOTIFY it reads during any query on the session
+	 * (the leader's compensation runs on it too) until it is taken,
+	 * and only an idle wait took them: through a backlog, or a broker
+	 * alarm, of hours, the process grew by some 50 bytes per producer
+	 * commit.  What comes next claims anyway, or waits to: they are
+	 * spent. */
+	if (store_connected(r->store) && store_drain_notifies(r->store) == -1)
+		store_disconnect(r->store);
 	if (broker_blocked_ms(r->broker) > 0) {
 		wait_for_unblock(r, max_wait_ms);
 		return false;

@@ -7,6 +7,7 @@
 
 #include <endian.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -131,8 +132,9 @@ static const char claim_new_sql[] = CLAIM_SQL(" AND m.message_status = 0");
  * A row the claim cannot read (store_untranslatable): the claim's rows
  * by id alone, then each one's text alone, behind a savepoint, so that
  * one that fails is known and the others' reads go on.  The text read is
- * what the claim reads: the names, and the headers whole.  ($3 and $4
- * are the claim's, unused here.)
+ * what the claim reads: the names, and an object's headers whole (a
+ * key or value that fails fails both).  ($3 and $4 are the claim's,
+ * unused here.)
  */
 static const char unreadable_all_sql[] =
     "WITH due AS (" CLAIM_DUE("") ") SELECT id FROM due";
@@ -141,8 +143,9 @@ static const char unreadable_new_sql[] =
     " SELECT id FROM due";
 #define UNREADABLE_PROBE_SQL \
 	"SAVEPOINT outboxd_probe; SELECT exchange_name, exchange_type," \
-	" routing_key, queue_name, content_type, business_module," \
-	" business_key, headers::text FROM t_transactional_message" \
+	" coalesce(nullif(routing_key, ''), queue_name), content_type," \
+	" business_module, business_key, CASE WHEN jsonb_typeof(headers) =" \
+	" 'object' THEN headers::text END FROM t_transactional_message" \
 	" WHERE id = %" PRId64 "; RELEASE outboxd_probe"
 static const char mark_unreadable_sql[] =
     "UPDATE t_transactional_message SET message_status = 3,"
@@ -572,16 +575,20 @@ int
 store_drain_notifies(struct store *s)
 {
 	PGnotify *n;
-	int count = 0;
+	int count = 0, got;
 
-	if (PQconsumeInput(s->conn) == 0) {
-		set_error(s, "postgres", PQerrorMessage(s->conn));
-		return -1;
-	}
-	while ((n = PQnotifies(s->conn)) != NULL) {
-		count++;
-		PQfreemem(n);
-	}
+	/* One read takes what fits libpq's buffer, some 900 of them: read
+	 * until a read brings none, or the rest waited in the socket for
+	 * the next query, which took them all into libpq's list at once. */
+	do {
+		if (PQconsumeInput(s->conn) == 0) {
+			set_error(s, "postgres", PQerrorMessage(s->conn));
+			return -1;
+		}
+		for (got = 0; (n = PQnotifies(s->conn)) != NULL; got++)
+			PQfreemem(n);
+		count = count > INT_MAX - got ? INT_MAX : count + got;
+	} while (got > 0);
 	return count;
 }
 
@@ -1275,6 +1282,22 @@ store_claim(struct store *s, const struct store_claim_opts *opts,
 		return exec_command(s, "COMMIT");
 	}
 	s->claimed = res;
+	/* A SET LOCAL lasts as long as the transaction: the batch's marks
+	 * wait for their locks as long as configured again, not the
+	 * claim's short wait (a pipelined relay's batch failed its marks
+	 * when a trigger waited 100 ms for a lock, and went out twice). */
+	if (opts->lock_timeout_ms > 0) {
+		if (s->conf.lock_timeout_ms > 0)
+			strfmt(begin, sizeof(begin), "SET LOCAL lock_timeout = "
+			    "%" PRId64, s->conf.lock_timeout_ms);
+		else
+			strfmt(begin, sizeof(begin), "SET LOCAL lock_timeout "
+			    "TO DEFAULT");
+		if (exec_command(s, begin) == -1) {
+			store_abort(s, batch);
+			return -1;
+		}
+	}
 	fill_rows(s, batch);
 	/* Rows past the budget were left out only if the batch reached it
 	 * (a batch that just reached it says "more" once too often). */
@@ -1516,12 +1539,6 @@ bool
 store_permission_denied(const struct store *s)
 {
 	return strcmp(s->sqlstate, "42501") == 0;
-}
-
-bool
-store_lock_timed_out(const struct store *s)
-{
-	return strcmp(s->sqlstate, "55P03") == 0;
 }
 
 /* Whether the last failed statement's error can come from one row, on

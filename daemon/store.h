@@ -186,10 +186,6 @@ bool store_statements_stale(const struct store *);
 /* The last statement failed for want of a privilege (SQLSTATE 42501):
  * the role lacks a grant that examples/roles.sql gives. */
 bool store_permission_denied(const struct store *);
-/* The last statement failed because it waited postgres.lock_timeout for
- * a lock (SQLSTATE 55P03): the table is locked, say by a migration, and
- * the next statement on it would wait as long. */
-bool store_lock_timed_out(const struct store *);
 /*
  * The last statement failed because a value has no form in UTF-8, the
  * encoding outboxd reads in (SQLSTATE 22P05), or is not valid in the

@@ -754,7 +754,7 @@ START_TEST(test_row_with_no_utf8_form)
 	assert_still_serving(pid);
 	PQfinish(db);
 	db = outbox_db;
-	tl_sql(db, "DROP DATABASE badrows_win1252");
+	tl_sql(db, "DROP DATABASE badrows_win1252 WITH (FORCE)");
 }
 END_TEST
 

@@ -736,6 +736,38 @@ START_TEST(test_sweep_skips_a_locked_row)
 }
 END_TEST
 
+/*
+ * A claim with a short lock wait (a pipelined relay's, made while its
+ * other session holds a batch) leaves the batch's marks the configured
+ * wait.  SET LOCAL lasted the whole transaction: marks that waited
+ * 100 ms for a lock (a trigger's, say) failed, and the batch, published
+ * and confirmed, went out again.
+ */
+START_TEST(test_short_claim_wait_leaves_the_marks_theirs)
+{
+	const int64_t configured[] = { 3000, 0 };
+	const char *const want[] = { "3s", "0" };
+	struct store_claim_opts opts = { .limit = 10,
+		.include_retries = true, .lock_timeout_ms = 100 };
+	struct store_batch batch;
+	char value[32];
+
+	tl_sql(db, "SELECT outbox_enqueue('', 'relay.shortwait', 'x')");
+	for (int i = 0; i < 2; i++) {
+		struct store *s = store_open(configured[i]);
+
+		ck_assert_msg(store_claim(s, &opts, &batch) == 0, "claim: %s",
+		    store_error(s));
+		ck_assert_uint_eq(batch.n, 1);
+		ck_assert_int_eq(store_setting(s, "lock_timeout", value,
+		    sizeof(value)), 0);
+		ck_assert_str_eq(value, want[i]);
+		store_abort(s, &batch);
+		store_free(s);
+	}
+}
+END_TEST
+
 int
 main(void)
 {
@@ -768,6 +800,7 @@ main(void)
 	tcase_add_test(tc, test_pg_backend_probes_its_client);
 	tcase_add_test(tc, test_migrate_outlasts_statement_timeout);
 	tcase_add_test(tc, test_sweep_skips_a_locked_row);
+	tcase_add_test(tc, test_short_claim_wait_leaves_the_marks_theirs);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);

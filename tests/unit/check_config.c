@@ -1419,19 +1419,20 @@ unit_watchdog_ms(void)
 /*
  * The longest step: /healthz's stall limit and what WatchdogSec= must
  * exceed.  A pipelined relay awaits one batch more, and the claim and
- * the compensation before it each wait for the table lock.  Before,
- * neither counted, and a claim waiting postgres.lock_timeout after a
- * compensation that had waited as long read as a stall.
+ * the compensation's three statements before it each wait for the
+ * table lock.  Before, neither counted, and a claim waiting
+ * postgres.lock_timeout after a compensation that had waited as long
+ * read as a stall.
  */
 START_TEST(test_longest_step)
 {
 	struct config c;
 
 	config_defaults(&c);
-	/* confirms 2 x 10 s, locks 2 x 5 s, connects 5 + 2 + 5 s */
-	ck_assert_int_eq(config_longest_step_ms(&c), 42000);
-	c.relay.pipeline = true;
+	/* confirms 2 x 10 s, locks 4 x 5 s, connects 5 + 2 + 5 s */
 	ck_assert_int_eq(config_longest_step_ms(&c), 52000);
+	c.relay.pipeline = true;
+	ck_assert_int_eq(config_longest_step_ms(&c), 62000);
 	/* The shipped unit's watchdog outlasts either with the defaults. */
 	ck_assert_int_gt(unit_watchdog_ms(), config_longest_step_ms(&c));
 	c.store.lock_timeout_ms = 0;

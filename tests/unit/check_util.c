@@ -207,6 +207,14 @@ START_TEST(test_log_quote_keeps_utf8_whole)
 	ck_assert_str_eq(log_quote(buf, sizeof(buf), "a\xff" "b\xd0"),
 	    "a?b?");
 	ck_assert_str_eq(log_quote(buf, sizeof(buf), "\xe2\x82"), "??");
+	/* C1 controls (NEL, CSI) are spaces, as C0 ones are; the value
+	 * is quoted for them.  U+00A0 and up stay. */
+	ck_assert_str_eq(log_quote(buf, sizeof(buf), "a\xc2\x85" "b\xc2\x9b"
+	    "1m"), "\"a b 1m\"");
+	ck_assert_str_eq(log_quote(buf, sizeof(buf), "\xc2\xa0\xc3\xa9"),
+	    "\xc2\xa0\xc3\xa9");
+	/* A lone 0xc2 at the end is not UTF-8. */
+	ck_assert_str_eq(log_quote(buf, sizeof(buf), "x\xc2"), "x?");
 }
 END_TEST
 
