@@ -6,6 +6,7 @@
 #include "log.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -369,7 +370,14 @@ log_from_signal_handler(enum log_level level, const char *fields)
 	memcpy(line + len, fields, flen);
 	len += flen;
 	line[len++] = '\n';
-	write_line(line, len);
+	/* A handler must not block on a stderr that nobody reads (a stalled
+	 * journal or pipe: often why a second SIGTERM came, or the shutdown
+	 * timeout ran out): the line is dropped then, and the exit that
+	 * follows is not held.  A pipe or socket that polls writable takes
+	 * a line this short. */
+	if (poll(&(struct pollfd){ .fd = STDERR_FILENO, .events = POLLOUT },
+	    1, 0) == 1)
+		write_line(line, len);
 }
 
 void

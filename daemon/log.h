@@ -47,8 +47,8 @@ void log_event(enum log_level, const char *msg, const char *fmt, ...)
 /*
  * For signal handlers: writes one line, "ts=… level=… " and then fields
  * as given (msg first, already logfmt), with nothing that is not
- * async-signal-safe (no stdio, no gmtime, no locks).  Always written,
- * whatever the level.
+ * async-signal-safe (no stdio, no gmtime, no locks).  Written whatever
+ * the level, unless stderr would block: then it is dropped.
  */
 void log_from_signal_handler(enum log_level, const char *fields);
 /* Writes epoch_s and ms as "2026-11-23T11:30:00.123Z" (at most 24

@@ -580,10 +580,17 @@ run_command(int argc, char **argv)
 			path = optarg;
 			break;
 		case 'n':
-			command = "check";
-			break;
 		case 'V':
-			command = "version";
+			/* -n -V: one of the two would be ignored (the last
+			 * won: -n -V checked nothing, and said nothing). */
+			if (strcmp(command, "run") != 0 &&
+			    strcmp(command, opt == 'n' ? "check" : "version") !=
+			    0) {
+				fprintf(stderr, "outboxd: -n and -V cannot go "
+				    "together\n");
+				return 2;
+			}
+			command = opt == 'n' ? "check" : "version";
 			break;
 		case 'h':
 			usage(stdout);

@@ -1376,8 +1376,11 @@ relay_step(struct relay *r, int64_t max_wait_ms)
 	 * alarm, of hours, the process grew by some 50 bytes per producer
 	 * commit.  What comes next claims anyway, or waits to: they are
 	 * spent. */
-	if (store_connected(r->store) && store_drain_notifies(r->store) == -1)
+	if (store_connected(r->store) &&
+	    store_drain_notifies(r->store) == -1) {
 		store_disconnect(r->store);
+		return false;	/* connections_up reconnects next step */
+	}
 	if (broker_blocked_ms(r->broker) > 0) {
 		wait_for_unblock(r, max_wait_ms);
 		return false;

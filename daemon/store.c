@@ -571,15 +571,18 @@ store_listen(struct store *s)
 	return exec_command(s, "LISTEN " NOTIFY_CHANNEL);
 }
 
+#define DRAIN_READS_MAX 256
+
 int
 store_drain_notifies(struct store *s)
 {
 	PGnotify *n;
-	int count = 0, got;
+	int count = 0, got, reads = 0;
 
 	/* One read takes what fits libpq's buffer, some 900 of them: read
 	 * until a read brings none, or the rest waited in the socket for
-	 * the next query, which took them all into libpq's list at once. */
+	 * the next query, which took them all into libpq's list at once.
+	 * Bounded, against a flood that never lets up. */
 	do {
 		if (PQconsumeInput(s->conn) == 0) {
 			set_error(s, "postgres", PQerrorMessage(s->conn));
@@ -588,7 +591,7 @@ store_drain_notifies(struct store *s)
 		for (got = 0; (n = PQnotifies(s->conn)) != NULL; got++)
 			PQfreemem(n);
 		count = count > INT_MAX - got ? INT_MAX : count + got;
-	} while (got > 0);
+	} while (got > 0 && ++reads < DRAIN_READS_MAX);
 	return count;
 }
 

@@ -745,14 +745,17 @@ END_TEST
  */
 START_TEST(test_short_claim_wait_leaves_the_marks_theirs)
 {
+	/* 0: outboxd sets none; the session's own, from its start (here
+	 * the conninfo's options), applies. */
 	const int64_t configured[] = { 3000, 0 };
-	const char *const want[] = { "3s", "0" };
+	const char *const want[] = { "3s", "7s" };
 	struct store_claim_opts opts = { .limit = 10,
 		.include_retries = true, .lock_timeout_ms = 100 };
 	struct store_batch batch;
 	char value[32];
 
 	tl_sql(db, "SELECT outbox_enqueue('', 'relay.shortwait', 'x')");
+	setenv("PGOPTIONS", "-c lock_timeout=7s", 1);
 	for (int i = 0; i < 2; i++) {
 		struct store *s = store_open(configured[i]);
 
@@ -765,6 +768,7 @@ START_TEST(test_short_claim_wait_leaves_the_marks_theirs)
 		store_abort(s, &batch);
 		store_free(s);
 	}
+	unsetenv("PGOPTIONS");
 }
 END_TEST
 
