@@ -984,6 +984,53 @@ START_TEST(test_mark_refused_for_one_row)
 }
 END_TEST
 
+/*
+ * One refused row amid 2,000 good ones, in one batch: the second try
+ * finds it by halving the batch.  Row by row, it wrote each mark under a
+ * savepoint of its own: 2,001 UPDATEs here, three round trips a row,
+ * and with batches of 10,000 and a database 2 ms away about 60 s, past
+ * the stall limit and WatchdogSec=, after which the restart met the
+ * same batch.  A statement trigger counts the UPDATEs, refused ones too
+ * (a sequence is not rolled back); the leader's few sweeps count too.
+ */
+START_TEST(test_refused_row_found_by_halving)
+{
+	long long updates;
+	pid_t pid;
+
+	refuse_marks("NEW.message_status = 1");
+	tl_sql(db, "DROP SEQUENCE IF EXISTS badrows_updates");
+	tl_sql(db, "CREATE SEQUENCE badrows_updates");
+	tl_sql(db, "CREATE OR REPLACE FUNCTION badrows_count_update()"
+	    " RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+	    " PERFORM nextval('badrows_updates'); RETURN NULL; END $$");
+	tl_sql(db, "CREATE TRIGGER badrows_count_update BEFORE UPDATE ON"
+	    " t_transactional_message FOR EACH STATEMENT"
+	    " EXECUTE FUNCTION badrows_count_update()");
+	good_rows(1000);
+	tl_sql(db, "SELECT outbox_enqueue('', '" GOOD "', 'x', "
+	    "business_key => 'refused')");
+	good_rows(1000);
+	pid = tl_outboxd_start(BASE_YAML "relay.workers: 1\n"
+	    "relay.batch_size: 2001\n");
+	assert_row("refused", 3, 1, REFUSED_SENT);
+	ck_assert_int_eq(assert_good_delivered(), 0);
+	updates = tl_sql_int(db, "SELECT CASE WHEN is_called THEN last_value"
+	    " ELSE 0 END FROM badrows_updates");
+	fprintf(stderr, "badrows: one refused row in 2,001: %lld UPDATEs\n",
+	    updates);
+	ck_assert_int_lt(updates, 200);
+	ck_assert_int_eq(tl_file_lines(tl_outboxd_log(pid),
+	    "msg=\"message dead\"", "error=\"" REFUSED_SENT "\""), 1);
+	tl_sql(db, "DROP TRIGGER badrows_count_update ON "
+	    "t_transactional_message");
+	tl_sql(db, "DROP FUNCTION badrows_count_update()");
+	tl_sql(db, "DROP SEQUENCE badrows_updates");
+	allow_marks();
+	assert_still_serving(pid);
+}
+END_TEST
+
 /* retry_in_ms of the first n "marking failed" lines of a row, in
  * out[n]; returns how many were found (none while outboxd has not made
  * its log yet). */
@@ -1586,6 +1633,7 @@ main(void)
 	tcase_add_test(tc, test_unknown_exchange_type);
 	tcase_add_test(tc, test_message_that_breaks_connections);
 	tcase_add_test(tc, test_mark_refused_for_one_row);
+	tcase_add_test(tc, test_refused_row_found_by_halving);
 	tcase_add_test(tc, test_mark_refused_at_commit);
 	tcase_add_test(tc, test_refused_marks_paced_once_per_batch);
 	tcase_add_test(tc, test_pipelined_batch_resent_after_a_slow_mark);
