@@ -601,34 +601,55 @@ side_order(struct relay *r, struct side *x)
  * A claim failed on a row it cannot read in UTF-8 (a database in
  * WIN1252 with an unassigned byte in a name, say), as every claim that
  * reaches that row would: every row behind it waited.  Such rows are
- * made DEAD, for the operator to mend and replay.  Returns how many, or
- * -1 with the store's error.
+ * made DEAD, for the operator to mend and replay.  One whose DEAD mark
+ * the database refuses is held out of the claims, as a row whose marks
+ * are refused is (refused_marks): before, it failed every claim.
+ * Returns how many rows were found, or -1 with the store's error.
  */
-#define UNREADABLE_LOGGED 8
-
 static int
 mark_unreadable(struct relay *r, struct side *x,
     const struct store_claim_opts *opts)
 {
-	struct store_unreadable found[UNREADABLE_LOGGED];
-	size_t n;
+	struct store_unreadable_found f;
+	int64_t now = now_mono_ms(), paced = 0, wait;
+	enum refused_entry entry;
 
-	if (store_mark_unreadable_dead(x->store, opts, found,
-	    UNREADABLE_LOGGED, &n) == -1)
+	if (store_mark_unreadable_dead(x->store, opts, &f) == -1)
 		return -1;
-	for (size_t i = 0; i < n; i++) {
+	for (size_t i = 0; i < f.n_dead; i++) {
 		metrics_inc_failed(METRICS_FAIL_BAD_ROW, 1);
 		metrics_inc_dead(1);
 		r->stats.dead++;
-		if (i < UNREADABLE_LOGGED)
-			log_warn("message dead", "id=%" PRId64 " error=%s",
-			    found[i].id, log_quote((char[400]){ 0 }, 400,
-			    found[i].error));
+		if (i >= ARRAY_LEN(f.dead))
+			continue;
+		refused_clear(r->refused, f.dead[i].id);
+		log_warn("message dead", "id=%" PRId64 " error=%s",
+		    f.dead[i].id, log_quote((char[400]){ 0 }, 400,
+		    f.dead[i].error));
 	}
-	if (n > UNREADABLE_LOGGED)
+	if (f.n_dead > ARRAY_LEN(f.dead))
 		log_warn("more messages dead, unreadable", "rows=%zu",
-		    n - UNREADABLE_LOGGED);
-	return (int)n;
+		    f.n_dead - ARRAY_LEN(f.dead));
+	/* More held rows than the table takes: the next claim meets them
+	 * again at once, so the relay waits as for a failed cycle. */
+	if (f.n_held > ARRAY_LEN(f.held))
+		paced = cycle_failed(r, NULL);
+	else if (f.n_held > 0 && r->failing_since_ms == 0)
+		r->failing_since_ms = now;
+	for (size_t i = 0; i < f.n_held && i < ARRAY_LEN(f.held); i++) {
+		wait = refused_hold(r->refused, f.held[i].id,
+		    r->conf.reconnect.init_ms, r->conf.reconnect.max_ms, now,
+		    &entry);
+		if (entry == REFUSED_EVICTED && paced == 0)
+			paced = cycle_failed(r, NULL);
+		r->stats.released++;
+		metrics_inc_released(1);
+		log_event_limited(&r->cycle_log, LOG_ERROR, "marking failed",
+		    "id=%" PRId64 " retry_in_ms=%" PRId64 " error=%s",
+		    f.held[i].id, paced > wait ? paced : wait,
+		    log_quote((char[600]){ 0 }, 600, f.held[i].error));
+	}
+	return (int)(f.n_dead + f.n_held);
 }
 
 /*
@@ -652,11 +673,16 @@ side_claim(struct relay *r, struct side *x, int64_t lock_timeout_ms)
 	opts.n_skip = refused_held(r->refused, x->claim_ms, skip,
 	    STORE_SKIP_MAX);
 	x->claimed_us = now_mono_us();
-	if (store_claim(x->store, &opts, &x->batch) == -1 &&
-	    (!store_untranslatable(x->store) ||
-	    mark_unreadable(r, x, &opts) <= 0 ||
-	    store_claim(x->store, &opts, &x->batch) == -1))
-		return -1;
+	if (store_claim(x->store, &opts, &x->batch) == -1) {
+		if (!store_untranslatable(x->store) ||
+		    mark_unreadable(r, x, &opts) <= 0)
+			return -1;
+		/* The rows it held are left out of the claim again. */
+		opts.n_skip = refused_held(r->refused, x->claim_ms, skip,
+		    STORE_SKIP_MAX);
+		if (store_claim(x->store, &opts, &x->batch) == -1)
+			return -1;
+	}
 	x->nmsg = 0;
 	r->last_claim_cut = x->batch.cut_short;
 	for (size_t i = 0; i < x->batch.n; i++) {

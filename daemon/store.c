@@ -1342,20 +1342,51 @@ probe_readable(struct store *s, int64_t id, char *why, size_t size)
 	    "RELEASE outboxd_probe") == 0 ? 1 : -1;
 }
 
+static bool row_specific(const struct store *);
+
+/*
+ * Makes the unreadable row id DEAD with why, under a savepoint: a
+ * refusal the row can cause (a trigger's exception, a constraint) is
+ * rolled back and written to refusal.  1 when it is DEAD, 0 when
+ * refused, -1 on any other error.
+ */
+static int
+mark_unreadable_row(struct store *s, int64_t id, const char *why,
+    char *refusal, size_t size)
+{
+	char idtext[24];
+	const char *params[2] = { idtext, why };
+
+	snprintf(idtext, sizeof(idtext), "%" PRId64, id);
+	if (exec_command(s, "SAVEPOINT outboxd_unreadable") == -1)
+		return -1;
+	if (result_done(s, PQexecParams(s->conn, mark_unreadable_sql, 2, NULL,
+	    params, NULL, NULL, 0), "marking an unreadable row") == 0)
+		return exec_command(s, "RELEASE outboxd_unreadable") == 0 ?
+		    1 : -1;
+	if (!row_specific(s))
+		return -1;
+	snprintf(refusal, size, "the database refused to mark it dead (a "
+	    "name or header has no UTF-8 form): %.200s (%s)", s->refusal,
+	    s->sqlstate);
+	return exec_command(s, "ROLLBACK TO outboxd_unreadable; "
+	    "RELEASE outboxd_unreadable") == 0 ? 0 : -1;
+}
+
 int
 store_mark_unreadable_dead(struct store *s,
-    const struct store_claim_opts *opts, struct store_unreadable *out,
-    size_t cap, size_t *n)
+    const struct store_claim_opts *opts, struct store_unreadable_found *f)
 {
 	/* $3 and $4 typed, since nothing else says what they are. */
 	static const Oid types[5] = { 0, 0, 20 /* int8 */, 20, 0 };
-	char limit[16], lock[64], why[sizeof(out->error)];
+	char limit[16], lock[64], why[sizeof(f->dead[0].error)];
+	char refusal[sizeof(f->held[0].error)];
 	const char *params[5] = { limit, opts->ordered_by_key ? "t" : "f",
 		NULL, NULL, NULL };
 	PGresult *ids;
 	int rc;
 
-	*n = 0;
+	f->n_dead = f->n_held = 0;
 	if (s->conn == NULL)
 		return -1;
 	snprintf(limit, sizeof(limit), "%d", opts->limit);
@@ -1372,36 +1403,36 @@ store_mark_unreadable_dead(struct store *s,
 	}
 	for (int i = 0; i < PQntuples(ids); i++) {
 		int64_t id = strtoll(PQgetvalue(ids, i, 0), NULL, 10);
-		char idtext[24];
-		const char *mark[2] = { idtext, why };
+		struct store_unreadable *row = NULL;
 
 		rc = probe_readable(s, id, why, sizeof(why));
-		if (rc == 0)
+		if (rc == 1)
+			rc = mark_unreadable_row(s, id, why, refusal,
+			    sizeof(refusal));
+		else if (rc == 0)
 			continue;
-		if (rc == 1) {
-			snprintf(idtext, sizeof(idtext), "%" PRId64, id);
-			rc = result_done(s, PQexecParams(s->conn,
-			    mark_unreadable_sql, 2, NULL, mark, NULL, NULL, 0),
-			    "marking an unreadable row");
-		}
 		if (rc == -1) {
 			PQclear(ids);
 			goto fail;
 		}
-		if (*n < cap) {
-			out[*n].id = id;
-			snprintf(out[*n].error, sizeof(out[*n].error), "%s",
-			    why);
+		if (rc == 1 && f->n_dead++ < ARRAY_LEN(f->dead)) {
+			row = &f->dead[f->n_dead - 1];
+			snprintf(row->error, sizeof(row->error), "%s", why);
+		} else if (rc == 0 && f->n_held++ < ARRAY_LEN(f->held)) {
+			row = &f->held[f->n_held - 1];
+			snprintf(row->error, sizeof(row->error), "%s",
+			    refusal);
 		}
-		(*n)++;
+		if (row != NULL)
+			row->id = id;
 	}
 	PQclear(ids);
 	if (exec_command(s, "COMMIT") == 0)
 		return 0;
-	*n = 0;
+	f->n_dead = f->n_held = 0;
 	return -1;
 fail:
-	*n = 0;
+	f->n_dead = f->n_held = 0;
 	if (s->conn != NULL && PQtransactionStatus(s->conn) != PQTRANS_IDLE)
 		PQclear(PQexec(s->conn, "ROLLBACK"));
 	return -1;

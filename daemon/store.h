@@ -195,23 +195,33 @@ bool store_permission_denied(const struct store *);
  */
 bool store_untranslatable(const struct store *);
 
-/* A row store_mark_unreadable_dead made DEAD. */
+/* A row store_mark_unreadable_dead found. */
 struct store_unreadable {
 	int64_t id;
-	char error[320];	/* its last_error now */
+	char error[320];	/* its last_error now, or the refusal */
+};
+
+/* What store_mark_unreadable_dead found: the rows it made DEAD, and
+ * those whose DEAD mark the database refused (a trigger's exception, a
+ * constraint), which stay due, untouched.  n_dead and n_held count them
+ * all; the arrays hold the first of each. */
+#define STORE_UNREADABLE_KEPT 8
+struct store_unreadable_found {
+	size_t n_dead, n_held;
+	struct store_unreadable dead[STORE_UNREADABLE_KEPT];
+	struct store_unreadable held[STORE_SKIP_MAX];
 };
 
 /*
  * After a claim with opts failed so (store_untranslatable): reads the
  * text of each row that claim would take, one by one, and makes DEAD
  * those that cannot be read, with the database's words in last_error,
- * in a transaction of its own (outside a batch).  Sets *n to how many,
- * and writes up to cap of them to out.  0, or -1 with the store's error
- * (nothing marked).
+ * in a transaction of its own (outside a batch).  0, or -1 with the
+ * store's error (nothing marked).
  */
 int store_mark_unreadable_dead(struct store *,
-    const struct store_claim_opts *opts, struct store_unreadable *out,
-    size_t cap, size_t *n) WARN_UNUSED;
+    const struct store_claim_opts *opts, struct store_unreadable_found *)
+    WARN_UNUSED;
 /* Rolls back (rows become due again untouched) and releases the batch. */
 void store_abort(struct store *, struct store_batch *);
 

@@ -30,6 +30,9 @@ static PGconn *db;
 static struct tl_amqp *amqp;	/* consumes GOOD */
 static char uniq[32];		/* per test: fresh exchange names */
 
+static void refuse_marks(const char *when);
+static void allow_marks(void);
+
 /* Every delivery from GOOD in this test, by message id. */
 static long long *got;
 static size_t ngot, capgot;
@@ -731,7 +734,11 @@ START_TEST(test_row_with_no_utf8_form)
 	    PQerrorMessage(db));
 	ck_assert_str_eq(PQparameterStatus(db, "server_encoding"), "WIN1252");
 
-	/* First in line, so that before every claim failed on them. */
+	/* First in line, so that before every claim failed on them.  The
+	 * first one's DEAD mark is refused, which failed every claim. */
+	refuse_marks("NEW.message_status = 3");
+	tl_sql(db, "SELECT outbox_enqueue('', E'badrows.\\x90', 'x', "
+	    "business_key => 'refused-unreadable')");
 	tl_sql(db, "SELECT outbox_enqueue('', E'badrows.\\x81', 'x', "
 	    "business_key => 'win-routing-key')");
 	tl_sql(db, "SELECT outbox_enqueue('', '" GOOD "', 'x', business_key => "
@@ -746,6 +753,14 @@ START_TEST(test_row_with_no_utf8_form)
 	assert_row("win-latin", 1, 0, NULL);
 	assert_good_delivered();
 	ck_assert(tl_log_contains(pid, "msg=\"message dead\""));
+	/* Held out of the claims, due, until its DEAD mark goes through. */
+	assert_row("refused-unreadable", 0, 0, NULL);
+	ck_assert_int_ge(tl_file_lines(tl_outboxd_log(pid),
+	    "msg=\"marking failed\"", "error=\"the database refused to "
+	    "mark it dead (a name or header has no UTF-8 form): badrows: "
+	    "mark refused (P0001)\""), 1);
+	allow_marks();
+	assert_row("refused-unreadable", 3, 1, "0x90 in encoding");
 	/* The operator's list shows them, the bytes as escapes. */
 	ck_assert_msg(tl_outboxd_cli(out, sizeof(out), err, sizeof(err), cfg,
 	    "dead", NULL) == 0, "dead: %s", err);
