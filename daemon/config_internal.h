@@ -35,9 +35,9 @@ enum key_type {
 #define F_OPTIONAL	0x02	/* may be unset (NULL) */
 #define F_NONEMPTY	0x04	/* "" can never work */
 #define F_ABSOLUTE	0x08	/* a file's path: must start with / */
-#define F_SECONDS	0x08	/* duration kept as whole seconds in an int */
-#define F_AS_BOOL	0x10	/* two-name enum kept as a bool */
-#define F_CONNINFO	0x20	/* may embed a password: redacted in dumps */
+#define F_SECONDS	0x10	/* duration kept as whole seconds in an int */
+#define F_AS_BOOL	0x20	/* two-name enum kept as a bool */
+#define F_CONNINFO	0x40	/* may embed a password: redacted in dumps */
 
 struct enum_name {
 	const char *name;

@@ -7,7 +7,8 @@
 // The connection comes from DSN (a postgresql:// URI) or, when it is left
 // out, from the PG* environment variables.  --fail throws after the
 // enqueue to show that the rollback takes the outbox row with it.
-// Install the driver with `npm ci` in this directory (package-lock.json).
+// The driver: Debian 12's node-pg (apt-get install node-pg; Debian's nodejs
+// has no npm), or `npm ci` in this directory (package-lock.json).
 'use strict';
 
 const { Client } = require('pg');
