@@ -197,6 +197,7 @@ bk_conn_method(struct broker *b, const amqp_method_t *m)
 		    (const char *)blocked->reason.bytes);
 		if (b->blocked_since_ms == 0)
 			b->blocked_since_ms = now_mono_ms();
+		b->blocks++;
 		bound_stuck_sends(b, false);
 		log_warn("broker blocks publishing", "node=%s reason=%s "
 		    "unconfirmed=%zu", b->node, log_quote((char[300]){ 0 },

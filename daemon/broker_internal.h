@@ -65,6 +65,7 @@ struct batch {
 	bool isolating;			/* this round probes suspects */
 	unsigned closes;		/* of channel 1, in this batch */
 	size_t round;			/* 0: the send's; more after closes */
+	unsigned blocks_before;		/* broker.blocks when it was sent */
 };
 
 /* Exchanges known to work (until reconnect) or to fail (this batch). */
@@ -107,6 +108,7 @@ struct broker {
 	 * the broker's words. */
 	int64_t blocked_since_ms;
 	char blocked_reason[128];
+	unsigned blocks;		/* connection.blocked frames read */
 	/* "broker connect failed" repeats at every try while nodes refuse. */
 	struct log_limit connect_log;
 	char err[512];

@@ -623,7 +623,11 @@ pump(struct batch *bt, bool block)
 	/* Without waiting, nothing there is only that: the callers that
 	 * read what is available weigh the deadline themselves. */
 	if (st == AMQP_STATUS_TIMEOUT && left <= 0 && block) {
-		if (b->blocked_since_ms != 0)
+		/* Unblocked a moment before the deadline, the broker is
+		 * still working off what the alarm held: its confirms are
+		 * late, not lost, and the connection is as good as it was
+		 * blocked.  It was dropped, with "confirms missing". */
+		if (b->blocked_since_ms != 0 || b->blocks != bt->blocks_before)
 			return PUMP_BLOCKED;
 		if (bt->round > 0)
 			return PUMP_OUT_OF_TIME;
@@ -695,18 +699,45 @@ size_after(const char *text, const char *key)
 	return p != NULL ? (size_t)strtoull(p + strlen(key), NULL, 10) : 0;
 }
 
+/* RabbitMQ's words when topic authorisation refuses one routing key of
+ * an exchange: "ACCESS_REFUSED - access to topic 'KEY' in exchange 'X'
+ * in vhost '/' refused for user 'U'". */
+#define TOPIC_REFUSED "access to topic '"
+
 /* Whether the broker's words name the exchange.  It calls the default
  * exchange amq.default (a 403 for a user that may not write to it):
  * unnamed, each such row was hunted down as an unexplained close, up to
- * the round limit, which then failed the innocent rows too. */
+ * the round limit, which then failed the innocent rows too.  A topic
+ * refusal names the exchange too, but only the message with that
+ * routing key is refused: see names_message. */
 static bool
 names_exchange(const char *text, const char *exchange)
 {
 	char needle[SHORTSTR_MAX + 16];
 
+	if (strstr(text, TOPIC_REFUSED) != NULL)
+		return false;
 	if (exchange == NULL || *exchange == '\0')
 		exchange = "amq.default";
 	strfmt(needle, sizeof(needle), "exchange '%s'", exchange);
+	return strstr(text, needle) != NULL;
+}
+
+/* Whether the broker's words point at m: its exchange, or, for a topic
+ * refusal, its exchange and routing key both.  Blamed on the exchange,
+ * one forbidden key failed every message to it in flight, each with
+ * that key's words, and spent their retries.  A text the broker cut
+ * short (255 bytes) names no message: the close is then unexplained,
+ * and the suspects' rounds find the row. */
+static bool
+names_message(const char *text, const struct broker_msg *m)
+{
+	char needle[2 * SHORTSTR_MAX + 64];
+
+	if (strstr(text, TOPIC_REFUSED) == NULL)
+		return names_exchange(text, m->exchange);
+	strfmt(needle, sizeof(needle), TOPIC_REFUSED "%s' in exchange '%s'",
+	    m->routing_key != NULL ? m->routing_key : "", m->exchange);
 	return strstr(text, needle) != NULL;
 }
 
@@ -736,7 +767,7 @@ window_after_close(struct batch *bt)
 
 		if (b->slots[w->idx[k]].state != SLOT_SENT)
 			continue;
-		if (alone || big || names_exchange(text, m->exchange)) {
+		if (alone || big || names_message(text, m)) {
 			if (names_exchange(text, m->exchange))
 				bk_xcache_forget(b, m->exchange);
 			/* Too big for the broker is permanent; a missing or
@@ -884,6 +915,7 @@ batch_start(struct batch *bt, struct broker *b,
 	bt->probe = SIZE_MAX;
 	bt->closes = 0;
 	bt->round = 0;
+	bt->blocks_before = b->blocks;
 	/* Even for an empty batch: memset() must not get NULL. */
 	if (b->slots == NULL || b->cap_slots < n) {
 		b->cap_slots = n + n / 2 + 16;
@@ -931,8 +963,8 @@ batch_blocked(struct batch *bt)
 	size_t left, unconfirmed = b->win.outstanding;
 	char why[300], q[300];
 
-	strfmt(why, sizeof(why), "the broker blocks publishing: %s",
-	    b->blocked_reason);
+	strfmt(why, sizeof(why), "the broker %s publishing: %s",
+	    b->blocked_since_ms != 0 ? "blocks" : "blocked", b->blocked_reason);
 	left = finish_unsettled(bt, why);
 	/* Their late confirms fall below the next window, but a late
 	 * basic.return would name a message by an id that the next batch
@@ -947,24 +979,33 @@ batch_blocked(struct batch *bt)
 }
 
 /*
- * The broker closed the channel again and again, and the batch's time
- * is up.  What is still pending was not confirmed on a channel that is
- * gone (nothing more can come for it): it goes out with a later batch.
+ * The broker closed the channel again and again, or blocked publishing
+ * until late, and the batch's time is up.  What is still pending was
+ * not confirmed on a channel that is gone (nothing more can come for
+ * it): it goes out with a later batch.  With no close in this batch the
+ * close text is an older batch's, maybe hours old: the block is why.
  */
 static void
 batch_out_of_time(struct batch *bt)
 {
 	struct broker *b = bt->b;
+	const char *reason = bt->closes > 0 ? b->close_reason :
+	    b->blocked_reason;
 	size_t left;
 	char why[300], q[300];
 
-	strfmt(why, sizeof(why), "the broker closed the publishing channel "
-	    "%u times within rabbitmq.confirm_timeout; last: %s", bt->closes,
-	    b->close_reason);
+	if (bt->closes > 0)
+		strfmt(why, sizeof(why), "the broker closed the publishing "
+		    "channel %u times within rabbitmq.confirm_timeout; last: "
+		    "%s", bt->closes, reason);
+	else
+		strfmt(why, sizeof(why), "not all sent within "
+		    "rabbitmq.confirm_timeout: the broker blocked publishing "
+		    "meanwhile: %s", reason);
 	left = finish_unsettled(bt, why);
 	log_warn("batch out of time", "node=%s unsettled=%zu closes=%u "
 	    "reason=%s", b->node, left, bt->closes,
-	    log_quote(q, sizeof(q), b->close_reason));
+	    log_quote(q, sizeof(q), reason));
 }
 
 /* Whatever is not settled when the connection goes is unknown. */

@@ -1252,6 +1252,18 @@ START_TEST(test_connection_closed_at_the_probe)
 }
 END_TEST
 
+/* The next batch of three, on the same connection, is confirmed; then
+ * the scripted peer goes. */
+static void
+next_three_confirmed(struct broker *b, pid_t fake)
+{
+	publish_ok(b, 3);
+	for (size_t i = 0; i < 3; i++)
+		assert_acked(i);
+	ck_assert(broker_connected(b));
+	stop_fake_broker(b, fake);
+}
+
 /*
  * A batch given up under an alarm leaves its messages in flight on the
  * publishing channel.  After the unblock, the broker still owes them a
@@ -1282,11 +1294,50 @@ START_TEST(test_blocked_batch_leaves_nothing_to_the_next)
 		ck_assert_msg(broker_tick(b) == 0, "tick: %s", broker_error(b));
 	}
 	ck_assert_int_eq(broker_blocked_ms(b), 0);
-	publish_ok(b, 3);
-	for (size_t i = 0; i < 3; i++)
-		assert_acked(i);
+	next_three_confirmed(b, fake);
+}
+END_TEST
+
+/* Three messages from first_id on, published in one batch to a
+ * scripted peer in mode; the batch must end with the connection up. */
+static struct broker *
+publish_three_to_fake(const char *mode, int64_t confirm_ms, int64_t first_id,
+    const char *body, pid_t *fake)
+{
+	struct broker *b = connect_fake_broker(mode, confirm_ms, fake);
+	int rc;
+
+	for (int i = 0; i < 3; i++)
+		msg_set(&msgs[i], first_id + i, "", NULL, "q", body);
+	rc = broker_publish_batch(b, msgs, 3, results);
+	ck_assert_msg(rc == 0, "publish: %s", broker_error(b));
 	ck_assert(broker_connected(b));
-	stop_fake_broker(b, fake);
+	return b;
+}
+
+/*
+ * The broker blocks publishing during a batch and unblocks it a moment
+ * before the batch's deadline, and the batch's confirms come later (a
+ * broker working off what its alarm held).  With the block over at the
+ * deadline, the missing confirms read as a dead connection: it was
+ * dropped ("3 confirms missing after 1000 ms"), and a loss counted
+ * against each row.  Now the batch is left unconfirmed, its rows
+ * unknown, and the connection kept for the next batch.
+ */
+START_TEST(test_unblock_just_before_the_deadline)
+{
+	pid_t fake;
+	struct broker *b = publish_three_to_fake("unblock-before-deadline",
+	    1000 * tl_slowdown(), 400, "held, then freed", &fake);
+
+	ck_assert_int_eq(broker_blocked_ms(b), 0);
+	for (size_t i = 0; i < 3; i++) {
+		ck_assert_int_eq(results[i].outcome, BROKER_UNKNOWN);
+		ck_assert_msg(strstr(results[i].reason, "the broker blocked "
+		    "publishing: low on memory") != NULL, "message %zu: %s",
+		    i, results[i].reason);
+	}
+	next_three_confirmed(b, fake);
 }
 END_TEST
 
@@ -1301,15 +1352,9 @@ END_TEST
 START_TEST(test_block_behind_a_channel_close)
 {
 	pid_t fake;
-	struct broker *b = connect_fake_broker("close-then-block", 1000,
-	    &fake);
-	int rc;
+	struct broker *b = publish_three_to_fake("close-then-block", 1000,
+	    300, "closed, blocked", &fake);
 
-	for (int i = 0; i < 3; i++)
-		msg_set(&msgs[i], 300 + i, "", NULL, "q", "closed, blocked");
-	rc = broker_publish_batch(b, msgs, 3, results);
-	ck_assert_msg(rc == 0, "publish: %s", broker_error(b));
-	ck_assert(broker_connected(b));
 	ck_assert_int_gt(broker_blocked_ms(b), 0);
 	for (size_t i = 0; i < 3; i++)
 		ck_assert_msg(results[i].outcome == BROKER_UNKNOWN ||
@@ -1445,6 +1490,7 @@ broker_suite(void)
 	tcase_add_test(loss, test_blocked_batch_leaves_nothing_to_the_next);
 	tcase_add_test(loss, test_closing_broker_bounds_the_batch);
 	tcase_add_test(loss, test_block_behind_a_channel_close);
+	tcase_add_test(loss, test_unblock_just_before_the_deadline);
 	tcase_add_test(loss, test_broker_killed);
 	suite_add_tcase(s, loss);
 	return s;

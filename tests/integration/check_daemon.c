@@ -3729,6 +3729,22 @@ rabbit_connections_of(const char *user)
 	return n;
 }
 
+/* A config that logs in to RabbitMQ as user, with its password in the
+ * environment variable env, its own leader key, and extra keys. */
+static void
+config_for_rabbit_user(char *cfg, size_t size, const char *env,
+    const char *user, const char *password, const char *extra)
+{
+	char yaml[1024];
+
+	ck_assert_int_eq(setenv(env, password, 1), 0);
+	snprintf(yaml, sizeof(yaml), "%srabbitmq.user: %s\n"
+	    "rabbitmq.password_env: %s\nredis.key: \"dmn:leader:%s\"\n"
+	    "http.listen: \"127.0.0.1:%d\"\n", extra, user, env, user,
+	    http_port());
+	tl_config_write(cfg, size, yaml);
+}
+
 /*
  * A RabbitMQ user that may write to its own exchange only, not to the
  * default one: the message with which each new connection asks about
@@ -3743,7 +3759,7 @@ START_TEST(test_user_without_the_default_exchange)
 {
 	enum { N = 20, DEFAULT_EX = 10 };
 	struct tl_amqp *a = tl_amqp_open();
-	char cfg[512], yaml[1024], *log;
+	char cfg[512], *log;
 	pid_t pid;
 
 	tl_exchange(a, "dmn.own", "direct");
@@ -3752,12 +3768,8 @@ START_TEST(test_user_without_the_default_exchange)
 	rabbit_user("dmnown", "dmn-own-pw");
 	ck_assert_int_eq(rabbitmqctl("set_permissions -p / dmnown '.*' "
 	    "'^dmn\\.own$' '.*'"), 0);
-	ck_assert_int_eq(setenv("DMN_RABBIT_OWN", "dmn-own-pw", 1), 0);
-	snprintf(yaml, sizeof(yaml), "log.level: debug\n"
-	    "rabbitmq.user: dmnown\nrabbitmq.password_env: DMN_RABBIT_OWN\n"
-	    "redis.key: \"dmn:leader:own\"\n"
-	    "http.listen: \"127.0.0.1:%d\"\n", http_port());
-	tl_config_write(cfg, sizeof(cfg), yaml);
+	config_for_rabbit_user(cfg, sizeof(cfg), "DMN_RABBIT_OWN", "dmnown",
+	    "dmn-own-pw", "log.level: debug\n");
 	pid = tl_outboxd_start_file(cfg);
 	log = log_of(pid);
 	ck_assert_msg(wait_log(log, "msg=\"alarm probe refused: the broker "
@@ -3779,6 +3791,47 @@ START_TEST(test_user_without_the_default_exchange)
 	ck_assert_int_eq(tl_outboxd_stop(pid, 25000), 0);
 	check_logfmt(log);
 	free(log);
+}
+END_TEST
+
+/*
+ * A user whose topic permissions refuse one routing key of a topic
+ * exchange: RabbitMQ closes the channel with "access to topic 'dmn.bad'
+ * in exchange 'dmn.topic' ...", which names the exchange.  That was
+ * blamed on every message to the exchange in flight: the good rows
+ * after the refused one were FAIL with its words, their retry spent,
+ * for an hour here.  Now only the row with that key is FAIL; the others
+ * are sent again at once, and delivered.
+ */
+START_TEST(test_topic_permission_refuses_one_key)
+{
+	enum { N = 20 };
+	struct tl_amqp *a = tl_amqp_open();
+	char cfg[512];
+	pid_t pid;
+
+	tl_exchange(a, "dmn.topic", "topic");
+	tl_queue(a, "dmn.topic.q", "dmn.topic", "dmn.ok.#");
+	tl_amqp_close(a);
+	rabbit_user("dmntopic", "dmn-topic-pw");
+	ck_assert_int_eq(rabbitmqctl("set_topic_permissions -p / dmntopic "
+	    "dmn.topic '^dmn\\.ok\\.' '^dmn\\.ok\\.'"), 0);
+	config_for_rabbit_user(cfg, sizeof(cfg), "DMN_RABBIT_TOPIC",
+	    "dmntopic", "dmn-topic-pw", "relay.workers: 1\n");
+	/* One batch, the refused row amid the good. */
+	tl_sql(db, "SELECT outbox_enqueue('dmn.topic', CASE WHEN g = 5 THEN "
+	    "'dmn.bad' ELSE 'dmn.ok.' || g END, 'x' || g, init_backoff => "
+	    "'1 hour') FROM generate_series(1, %d) g", N);
+	pid = tl_outboxd_start_file(cfg);
+	ck_assert_int_eq(tl_wait_sql_int(db, N - 1, 30000, COUNT_STATUS(1)),
+	    N - 1);
+	ck_assert_int_eq(tl_wait_sql_int(db, 1, 30000, COUNT_STATUS(2)
+	    " AND routing_key = 'dmn.bad' AND last_error LIKE "
+	    "'%%access to topic ''dmn.bad''%%'"), 1);
+	ck_assert_int_eq(tl_sql_int(db, "SELECT count(*) FROM "
+	    "t_transactional_message WHERE current_retry_times > 0"), 1);
+	ck_assert_int_eq(tl_outboxd_stop(pid, 25000), 0);
+	(void)rabbitmqctl("delete_user dmntopic");
 }
 END_TEST
 
@@ -3976,6 +4029,7 @@ main(void)
 	tcase_add_test(tc, test_refused_sweep_keeps_the_gauges);
 	tcase_add_test(tc, test_worker_without_connection);
 	tcase_add_test(tc, test_user_without_the_default_exchange);
+	tcase_add_test(tc, test_topic_permission_refuses_one_key);
 	tcase_add_test(tc, test_log_lines_are_logfmt);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);

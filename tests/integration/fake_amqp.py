@@ -39,6 +39,12 @@ reason the message could show) and connection.blocked in one segment,
 after which nothing more is read: RabbitMQ's channel and reader send
 the two apart, in either order.
 
+MODE unblock-before-deadline: the connect's alarm probes are acked.
+The next publish, a batch's first, is answered with connection.blocked,
+and 300 ms later (times OUTBOXD_TEST_SLOWDOWN) with
+connection.unblocked; nothing is acked until channel 1 is opened again
+(the late confirms of a broker working off its alarm's backlog).
+
 It prints "ready" once it listens, and serves until killed.
 """
 import os
@@ -98,6 +104,7 @@ def serve(sock, mode):
     owed = b""              # what is sent before the next method on ch 1
     closing = False         # close-every-round: awaiting our close-ok
     published = 0           # on this connection: the first 2 are probes
+    holding = False         # unblock-before-deadline: no acks for now
     try:
         recv_exactly(sock, 8)  # protocol header
         sock.sendall(method(0, 10, 10, b"\x00\x09" + struct.pack(">I", 0) +
@@ -146,6 +153,7 @@ def serve(sock, mode):
                 sock.sendall(method(0, 10, 41, shortstr(b"")))
             elif (cls, mid) == (20, 10):    # channel.open -> open-ok
                 sock.sendall(method(channel, 20, 11, longstr(b"")))
+                holding = holding and channel != 1
             elif (cls, mid) == (20, 40):    # channel.close -> close-ok
                 sock.sendall(method(channel, 20, 41))
             elif (cls, mid) == (20, 41):    # close-ok of our close
@@ -185,6 +193,15 @@ def serve(sock, mode):
                                         struct.pack("ii", 1, 0))
                         return              # closed with RST by finally
                     sock.sendall(basic_ack(channel, tag))
+                elif (mode == "unblock-before-deadline" and
+                      published == 3):
+                    sock.sendall(method(0, 10, 60,
+                                        shortstr(b"low on memory")))
+                    holding = True
+                    timer = (time.time() + 0.3 * SLOWDOWN,
+                             method(0, 10, 61))
+                elif holding:
+                    pass                    # its confirms come late
                 elif (mode == "return-after-block" and published == 3):
                     sock.sendall(method(0, 10, 60,
                                         shortstr(b"low on memory")))
