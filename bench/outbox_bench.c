@@ -2599,11 +2599,11 @@ cpu_us_per_msg(double pct, double rate)
 }
 
 /* Autovacuum on or off for the outbox tables of both databases
- * (conninfo strings).  Off during the scale phase: a vacuum or analyze that starts at its own
- * moment falls into one side's timed drain or the other's (the server's
- * log showed both, in one run).  The sent side's maintenance is done
- * before each of its drains instead, outside the timing; the empty side
- * is truncated. */
+ * (conninfo strings).  Off during the scale phase: a vacuum or analyze
+ * that starts at its own moment falls into one side's timed drain or
+ * the other's (the server's log showed both, in one run).  The sent
+ * side's maintenance is done before each of its drains instead, outside
+ * the timing; the empty side is truncated. */
 static void
 autovacuum(bool on, const char *db1, const char *db2)
 {

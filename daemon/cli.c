@@ -255,6 +255,10 @@ static int
 cmd_purge(struct store *s, int argc, char **argv)
 {
 	int64_t age, n, total = 0, started = now_mono_ms();
+	/* Rows the database refuses to delete (an application table still
+	 * references them): left out, so that the rest goes. */
+	struct store_skip skip = { .n = 0 };
+	size_t refused = 0;
 
 	/* A unit is required, as in the config: a bare 30 read as 30 ms
 	 * would purge every sent row; so would 0, which in relay.retention
@@ -278,13 +282,18 @@ cmd_purge(struct store *s, int argc, char **argv)
 	 * every chunk found the rows sent meanwhile, without end. */
 	do {
 		if (store_purge_sent(s, age + (now_mono_ms() - started),
-		    PURGE_CHUNK, &n) == -1)
+		    PURGE_CHUNK, &skip, &n) == -1)
 			return fail(s);
 		total += n;
-	} while (n == PURGE_CHUNK);
+		refused += skip.refused;
+		if (skip.refused > 0)
+			fprintf(stderr, "%zu sent row%s refused to the purge, "
+			    "left: %s\n", skip.refused, skip.refused == 1 ?
+			    "" : "s", skip.why);
+	} while (n > 0 && n + (int64_t)skip.refused == PURGE_CHUNK);
 	printf("%" PRId64 " sent row%s purged\n", total, total == 1 ? "" :
 	    "s");
-	return 0;
+	return refused > 0 ? 1 : 0;
 }
 
 /* writes: the command needs a server that takes writes.  With several

@@ -35,6 +35,9 @@
  * closely, but hold that session at most 1/BACKLOG_SHARE of the time. */
 #define BACKLOG_SHARE 5
 #define BACKLOG_MIN_WAIT_MS 100
+/* Rows a sweep or purge found refused are left out of the passes this
+ * long, then tried again (and logged again if still refused). */
+#define SKIP_FORGET_MS (10 * 60 * 1000)
 
 struct leader {
 	struct lock *lock;	/* NULL when Redis is disabled */
@@ -55,6 +58,10 @@ struct leader {
 	struct log_limit compensation_log, advisory_log;
 	struct log_limit purge_log;	/* tried once a purge interval */
 	struct log_limit sweep_log;
+	/* Rows the database refuses to sweep or purge (store_skip), and
+	 * when the lists were last emptied. */
+	struct store_skip sweep_skip, purge_skip;
+	int64_t skip_since_ms;
 	struct leader_gauges gauges;
 };
 
@@ -267,24 +274,53 @@ leader_backlog_interval_ms(int64_t took_ms)
 	return wait > BACKLOG_MIN_WAIT_MS ? wait : BACKLOG_MIN_WAIT_MS;
 }
 
+/* Forgets the rows the passes leave out, now and then, so that a row
+ * whose trigger or reference is gone is swept or purged after all. */
+static void
+skips_expire(struct leader *l)
+{
+	int64_t now = now_mono_ms();
+
+	if (now - l->skip_since_ms < SKIP_FORGET_MS)
+		return;
+	l->sweep_skip.n = 0;
+	l->purge_skip.n = 0;
+	l->skip_since_ms = now;
+}
+
+/* A pass's chunk found rows the database refused: they are left out
+ * from now on (store_skip), and said once per pass. */
+static void
+log_refused(const char *msg, const struct store_skip *skip)
+{
+	if (skip->refused == 0)
+		return;
+	log_warn(msg, "rows=%zu first_id=%" PRId64 " left_out=%zu "
+	    "retry_in_ms=%d error=%s", skip->refused, skip->first, skip->n,
+	    SKIP_FORGET_MS, log_quote((char[600]){ 0 }, 600, skip->why));
+}
+
 /*
  * Deletes SUCCESS rows past relay.retention, a few chunks per pass;
  * returns how many.  A purge that fails is logged and tried again at
  * the next purge interval, and the rest of the compensation goes on:
  * before, a role without DELETE failed every compensation at the purge,
  * so the row gauges were never set and an alert on dead rows never
- * fired.
+ * fired.  A row the database refuses to delete (one an application
+ * table references, a trigger's exception) is left out: the oldest, it
+ * failed every pass, and retention was never kept again.
  */
 static int64_t
 purge_sent(struct leader *l)
 {
 	int64_t n, purged = 0;
 
+	skips_expire(l);
 	for (int i = 0; i < PURGE_CHUNKS_PER_TICK; i++) {
 		if (store_purge_sent(l->store, l->conf.retention_ms,
-		    PURGE_CHUNK, &n) == -1) {
+		    PURGE_CHUNK, &l->purge_skip, &n) == -1) {
 			log_event_limited(&l->purge_log, LOG_WARN,
-			    "sent rows not purged", "rows=%" PRId64
+			    "sent rows not purged", "purged_before=%" PRId64
 			    " retry_in_ms=%d error=%s%s", purged,
 			    PURGE_INTERVAL_MS, log_quote((char[600]){ 0 },
 			    600, store_error(l->store)),
@@ -294,8 +330,10 @@ purge_sent(struct leader *l)
 			    "0\"" : "");
 			break;
 		}
+		log_refused("sent rows refused to the purge", &l->purge_skip);
 		purged += n;
-		if (n < PURGE_CHUNK) {
+		if (n == 0 ||
+		    n + (int64_t)l->purge_skip.refused < PURGE_CHUNK) {
 			log_limit_reset(&l->purge_log);
 			break;
 		}
@@ -312,10 +350,12 @@ purge_sent(struct leader *l)
 /*
  * Marks rows out of retries DEAD, a few chunks per pass; returns how
  * many, or -1 when the session is gone.  A sweep refused on a live
- * session (a trigger that refuses one of the rows) is logged, and the
+ * session for a reason of every row (a lock timeout) is logged, and the
  * rest of the compensation goes on: before, it failed every
- * compensation, and the row gauges froze.  *more: the last chunk came
- * back full.
+ * compensation, and the row gauges froze.  A row the database refuses
+ * to mark (a trigger's exception) is left out: the lowest id, it failed
+ * every pass, and no row that ran out of retries was DEAD again.
+ * *more: the last chunk came back full.
  */
 static int64_t
 sweep_exhausted(struct leader *l, bool *more)
@@ -323,8 +363,10 @@ sweep_exhausted(struct leader *l, bool *more)
 	int64_t n = 0, swept = 0;
 
 	*more = false;
+	skips_expire(l);
 	for (int i = 0; i < SWEEP_CHUNKS_PER_TICK; i++) {
-		if (store_sweep_exhausted(l->store, SWEEP_CHUNK, &n) == -1) {
+		if (store_sweep_exhausted(l->store, SWEEP_CHUNK,
+		    &l->sweep_skip, &n) == -1) {
 			if (!store_connected(l->store))
 				return -1;
 			log_event_limited(&l->sweep_log, LOG_WARN,
@@ -334,8 +376,11 @@ sweep_exhausted(struct leader *l, bool *more)
 			break;
 		}
 		log_limit_reset(&l->sweep_log);
+		log_refused("rows out of retries refused to the sweep",
+		    &l->sweep_skip);
 		swept += n;
-		*more = n == SWEEP_CHUNK;
+		*more = n > 0 &&
+		    n + (int64_t)l->sweep_skip.refused == SWEEP_CHUNK;
 		if (!*more)
 			break;
 	}

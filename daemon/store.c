@@ -1962,28 +1962,21 @@ store_counts(struct store *s, bool count_sent, struct store_counts *c)
  * with no lock_timeout.  At most $1 rows a statement: an operator who
  * lowered max_retry_times over two million rows made one UPDATE that
  * outlasted the watchdog, which killed the leader, and the next one,
- * and rolled it back each time. */
-#define SWEEP_EXHAUSTED_SQL \
+ * and rolled it back each time.  $2: the rows refused before. */
+#define SWEEP_EXHAUSTED_IDS \
+	"SELECT id FROM t_transactional_message" \
+	" WHERE message_status IN (0, 2) AND NOT deleted" \
+	" AND current_retry_times >= max_retry_times" \
+	" AND id <> ALL ($2::int8[])" \
+	" ORDER BY id LIMIT $1::int4 FOR UPDATE SKIP LOCKED"
+#define SWEEP_EXHAUSTED(ids) \
 	"UPDATE t_transactional_message" \
 	" SET message_status = 3, next_schedule_time = NULL," \
 	" edit_time = now(), editor = 'outboxd'," \
 	" last_error = coalesce(last_error || '; ', '')" \
 	"  || 'retries exhausted (max_retry_times = '" \
 	"  || max_retry_times || ')'" \
-	" WHERE id = ANY (ARRAY(SELECT id FROM t_transactional_message" \
-	"  WHERE message_status IN (0, 2) AND NOT deleted" \
-	"  AND current_retry_times >= max_retry_times" \
-	"  ORDER BY id LIMIT $1::int4 FOR UPDATE SKIP LOCKED))"
-
-int
-store_sweep_exhausted(struct store *s, int chunk, int64_t *n)
-{
-	char limit[16];
-	const char *params[1] = { limit };
-
-	snprintf(limit, sizeof(limit), "%d", chunk);
-	return command_count(s, "sweep", SWEEP_EXHAUSTED_SQL, 1, params, n);
-}
+	" WHERE id = ANY (" ids ")"
 
 /* Its WHERE and ORDER BY are t_transactional_message_sent_idx (sql/007):
  * a pass reads the rows it deletes, oldest first, and stops, however
@@ -1996,24 +1989,155 @@ store_sweep_exhausted(struct store *s, int chunk, int64_t *n)
  * the sweep: waiting for it held the leader's main loop for lock_timeout
  * at every pass, purged nothing while the lock lasted (the oldest row
  * is in every chunk), and with no lock_timeout held the loop for good;
- * the lock also rechecks the row is still sent. */
-#define PURGE_SENT_SQL \
-	"DELETE FROM t_transactional_message" \
-	" WHERE id = ANY (ARRAY(SELECT id FROM t_transactional_message" \
-	"  WHERE message_status = 1" \
-	"  AND edit_time < now() - $1::int8 * interval '1 millisecond'" \
-	"  ORDER BY edit_time LIMIT $2::int4 FOR UPDATE SKIP LOCKED))"
+ * the lock also rechecks the row is still sent.  $3: the rows refused
+ * before. */
+#define PURGE_SENT_IDS \
+	"SELECT id FROM t_transactional_message" \
+	" WHERE message_status = 1" \
+	" AND edit_time < now() - $1::int8 * interval '1 millisecond'" \
+	" AND id <> ALL ($3::int8[])" \
+	" ORDER BY edit_time LIMIT $2::int4 FOR UPDATE SKIP LOCKED"
+#define PURGE_SENT(ids) \
+	"DELETE FROM t_transactional_message WHERE id = ANY (" ids ")"
+
+/*
+ * Runs sql, which takes ids[0..n) as the int8[] $1, under a savepoint;
+ * a part the database refuses for one of its rows is rolled back and
+ * halved, down to single rows, which go to skip.  refused_whole: the
+ * part is known to hold a refused row, so it is halved untried.  Adds
+ * the rows changed to *done.  -1 on any other error (the transaction is
+ * then aborted).
+ */
+static int
+run_halving(struct store *s, const char *what, const char *sql,
+    const int64_t *ids, size_t n, bool refused_whole,
+    struct store_skip *skip, int64_t *done)
+{
+	size_t before = skip->refused, half;
+	const char *params[1];
+	int64_t count;
+
+	if (n == 0)
+		return 0;
+	/* A single row is tried even so: the chunk was read again since
+	 * it was refused, and rows may be refused only together. */
+	if (!refused_whole || n == 1) {
+		if (exec_command(s, "SAVEPOINT outboxd_part") == -1)
+			return -1;
+		params[0] = ids_array(s, ids, n);
+		if (command_count(s, what, sql, 1, params, &count) == 0) {
+			*done += count;
+			return exec_command(s, "RELEASE outboxd_part");
+		}
+		if (!row_specific(s) || exec_command(s, "ROLLBACK TO "
+		    "outboxd_part; RELEASE outboxd_part") == -1)
+			return -1;
+	}
+	if (n == 1) {
+		if (skip->refused++ == 0) {
+			skip->first = ids[0];
+			snprintf(skip->why, sizeof(skip->why), "%s (%s)",
+			    s->refusal, s->sqlstate);
+		}
+		if (skip->n < ARRAY_LEN(skip->ids))
+			skip->ids[skip->n++] = ids[0];
+		return 0;
+	}
+	half = n / 2;
+	if (run_halving(s, what, sql, ids, half, false, skip, done) == -1)
+		return -1;
+	/* Nothing refused in the first half: the refusal is in the
+	 * second, whose try is spared. */
+	return run_halving(s, what, sql, ids + half, n - half,
+	    skip->refused == before, skip, done);
+}
+
+/*
+ * A sweep or purge statement was refused for one of its rows: the chunk
+ * again, in a transaction of its own, its rows locked by ids_sql (with
+ * params), then by_ids_sql over them, halving to find the refused rows.
+ */
+static int
+run_chunk_apart(struct store *s, const char *what, const char *ids_sql,
+    int nparams, const char *const *params, const char *by_ids_sql,
+    struct store_skip *skip, int64_t *n)
+{
+	PGresult *res;
+	int64_t *ids;
+	size_t nids;
+	int rc;
+
+	if (exec_command(s, "BEGIN") == -1)
+		return -1;
+	res = query(s, what, ids_sql, nparams, params, PGRES_TUPLES_OK);
+	if (res == NULL) {
+		PQclear(PQexec(s->conn, "ROLLBACK"));
+		return -1;
+	}
+	nids = (size_t)PQntuples(res);
+	ids = xcalloc(nids + 1, sizeof(*ids));
+	for (size_t i = 0; i < nids; i++)
+		ids[i] = strtoll(PQgetvalue(res, (int)i, 0), NULL, 10);
+	PQclear(res);
+	rc = run_halving(s, what, by_ids_sql, ids, nids, false, skip, n);
+	free(ids);
+	if (rc == 0 && exec_command(s, "COMMIT") == 0)
+		return 0;
+	*n = 0;
+	if (s->conn != NULL && PQtransactionStatus(s->conn) != PQTRANS_IDLE)
+		PQclear(PQexec(s->conn, "ROLLBACK"));
+	return -1;
+}
+
+/* The sweep's or purge's chunk: one statement, and, when it is refused
+ * for one of its rows, the chunk again row apart (run_chunk_apart). */
+static int
+run_chunk(struct store *s, const char *what, const char *chunk_sql,
+    const char *ids_sql, const char *by_ids_sql, int nparams,
+    const char **params, struct store_skip *skip, int64_t *n)
+{
+	*n = 0;
+	if (skip != NULL) {
+		skip->refused = 0;
+		skip->why[0] = '\0';
+	}
+	/* The skipped ids are the last parameter. */
+	params[nparams - 1] = skip != NULL ? ids_array(s, skip->ids,
+	    skip->n) : "{}";
+	if (command_count(s, what, chunk_sql, nparams, params, n) == 0)
+		return 0;
+	if (skip == NULL || !row_specific(s))
+		return -1;
+	params[nparams - 1] = ids_array(s, skip->ids, skip->n);
+	return run_chunk_apart(s, what, ids_sql, nparams, params, by_ids_sql,
+	    skip, n);
+}
+
+int
+store_sweep_exhausted(struct store *s, int chunk, struct store_skip *skip,
+    int64_t *n)
+{
+	char limit[16];
+	const char *params[2] = { limit, NULL };
+
+	snprintf(limit, sizeof(limit), "%d", chunk);
+	return run_chunk(s, "sweep",
+	    SWEEP_EXHAUSTED("ARRAY(" SWEEP_EXHAUSTED_IDS ")"),
+	    SWEEP_EXHAUSTED_IDS, SWEEP_EXHAUSTED("$1::int8[]"), 2, params,
+	    skip, n);
+}
 
 int
 store_purge_sent(struct store *s, int64_t older_than_ms, int chunk,
-    int64_t *n)
+    struct store_skip *skip, int64_t *n)
 {
 	char age[32], limit[16];
-	const char *params[2] = { age, limit };
+	const char *params[3] = { age, limit, NULL };
 
 	snprintf(age, sizeof(age), "%" PRId64, older_than_ms);
 	snprintf(limit, sizeof(limit), "%d", chunk);
-	return command_count(s, "purge", PURGE_SENT_SQL, 2, params, n);
+	return run_chunk(s, "purge", PURGE_SENT("ARRAY(" PURGE_SENT_IDS ")"),
+	    PURGE_SENT_IDS, PURGE_SENT("$1::int8[]"), 3, params, skip, n);
 }
 
 /* The dead rows a dead_filter takes, with its fields as $2, $3 and $4

@@ -237,14 +237,33 @@ struct store_counts {
 int store_counts(struct store *, bool count_sent, struct store_counts *)
     WARN_UNUSED;
 
+/*
+ * Rows a sweep or a purge leaves out: the database refused to change
+ * them (a trigger's exception, a constraint; 23503 for a sent row that
+ * an application table still references).  Each pass takes the oldest
+ * rows first, so one such row was in every chunk, failed it, and
+ * stopped every pass after it.  The caller keeps it between passes, and
+ * empties it now and then to try the rows again.
+ */
+struct store_skip {
+	int64_t ids[STORE_SKIP_MAX];
+	size_t n;
+	size_t refused;		/* found by the last call, all of them */
+	int64_t first;		/* the first of them */
+	char why[320];	/* the last call's first refusal */
+};
+
 /* Compensation, run by the leader: rows whose retries ran out (e.g.
- * max_retry_times lowered by hand) become DEAD; sets *n to how many. */
-int store_sweep_exhausted(struct store *, int chunk, int64_t *n)
-    WARN_UNUSED;
-/* Deletes up to `chunk` SUCCESS rows (and their content) last edited
- * more than older_than_ms ago; sets *n to how many were deleted. */
-int store_purge_sent(struct store *, int64_t older_than_ms, int chunk,
+ * max_retry_times lowered by hand) become DEAD, up to chunk of them;
+ * sets *n to how many.  Rows in skip are left out, and rows refused are
+ * added to it (NULL: none left out, a refusal fails the call). */
+int store_sweep_exhausted(struct store *, int chunk, struct store_skip *,
     int64_t *n) WARN_UNUSED;
+/* Deletes up to `chunk` SUCCESS rows (and their content) last edited
+ * more than older_than_ms ago; sets *n to how many were deleted.  skip
+ * as for store_sweep_exhausted. */
+int store_purge_sent(struct store *, int64_t older_than_ms, int chunk,
+    struct store_skip *, int64_t *n) WARN_UNUSED;
 /* Which dead rows a listing or a replay takes; a NULL field takes any.
  * After an outage of one exchange, say, its rows alone are replayed. */
 struct dead_filter {

@@ -3660,9 +3660,10 @@ START_TEST(test_least_privileged_role)
 	    "edit_time, next_schedule_time) VALUES (1, now() - interval "
 	    "'30 days', NULL)");
 	pid = start_ready("dmn.role", yaml, &log);
-	ck_assert_msg(wait_log(log, "msg=\"sent rows not purged\" rows=0 "
-	    "retry_in_ms=60000 error=\"purge: ERROR:  permission denied for "
-	    "table t_transactional_message\" hint=\"grant DELETE", 1, 20000),
+	ck_assert_msg(wait_log(log, "msg=\"sent rows not purged\" "
+	    "purged_before=0 retry_in_ms=60000 error=\"purge: ERROR:  "
+	    "permission denied for table t_transactional_message\" "
+	    "hint=\"grant DELETE", 1, 20000),
 	    "log %s", log);
 	ck_assert_double_eq(wait_metric("outboxd_rows_dead", 2, 20000), 2);
 	enqueue("dmn.role", 5);

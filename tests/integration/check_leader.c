@@ -1417,6 +1417,20 @@ expand_macro(const char *src, const char *define, const char *name1,
 	}
 }
 
+/* The leader's chunk statement NAME(ids) of store.c, as it runs it:
+ * with ARRAY(NAME_IDS) for ids. */
+static void
+expand_chunk_sql(const char *src, const char *name, char *out, size_t size)
+{
+	char define[64], ids[2048], array[2100];
+
+	snprintf(define, sizeof(define), "#define %s_IDS", name);
+	expand_macro(src, define, NULL, NULL, NULL, NULL, ids, sizeof(ids));
+	snprintf(array, sizeof(array), "ARRAY(%s)", ids);
+	snprintf(define, sizeof(define), "#define %s(ids)", name);
+	expand_macro(src, define, "ids", array, NULL, NULL, out, size);
+}
+
 /* daemon/store.c's text, whose SQL macros the plan tests expand. */
 static void
 read_store_source(char *src, size_t size)
@@ -1545,10 +1559,10 @@ START_TEST(test_claim_plan_stays_on_indexes)
 	ck_assert_int_eq(claimed("claim_new"), 180 + 50);
 	/* The leader's sweep of rows out of retries reads its own partial
 	 * index (sql/006), not the unsent rows. */
-	expand_macro(src, "#define SWEEP_EXHAUSTED_SQL", NULL, NULL, NULL,
-	    NULL, sql, sizeof(sql));
+	expand_chunk_sql(src, "SWEEP_EXHAUSTED", sql, sizeof(sql));
 	tl_sql(db, "PREPARE sweep AS %s", sql);
-	explain_sql("EXPLAIN EXECUTE sweep(1000)", plan, sizeof(plan));
+	explain_sql("EXPLAIN EXECUTE sweep(1000, '{1,2}')", plan,
+	    sizeof(plan));
 	ck_assert_msg(strstr(plan, "t_transactional_message_exhausted_idx")
 	    != NULL, "the sweep does not use its index:\n%s", plan);
 	ck_assert_msg(strstr(plan, "Seq Scan") == NULL &&
@@ -1811,6 +1825,75 @@ START_TEST(test_sweep_in_passes)
 }
 END_TEST
 
+/*
+ * A row out of retries the database refuses to make DEAD (a trigger
+ * that raises for it), and the oldest sent row, which it refuses to
+ * delete (an application table references it: 23503), each first in
+ * its pass's order.  Every chunk of every pass held them and failed
+ * whole: no row out of retries was DEAD again, no sent row purged.
+ * Now each is left out, with a line, and the other rows go.
+ */
+START_TEST(test_refused_rows_leave_the_compensation_going)
+{
+	char cfg[512], out[1024], err[1024];
+	pid_t p;
+
+	tl_sql(db, "DROP TABLE IF EXISTS leader_refs");
+	tl_sql(db, "DROP TRIGGER IF EXISTS leader_refuse_sweep ON "
+	    "t_transactional_message");
+	tl_sql(db, "CREATE OR REPLACE FUNCTION leader_refuse_sweep()"
+	    " RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+	    " RAISE EXCEPTION 'leader: sweep refused'; END $$");
+	tl_sql(db, "CREATE TRIGGER leader_refuse_sweep BEFORE UPDATE ON"
+	    " t_transactional_message FOR EACH ROW WHEN"
+	    " (NEW.business_key = 'refused' AND NEW.message_status = 3)"
+	    " EXECUTE FUNCTION leader_refuse_sweep()");
+	tl_sql(db, "SELECT outbox_enqueue('', 'leader.refused', 'x', "
+	    "business_module => 'exhausted', business_key => CASE WHEN g = 1 "
+	    "THEN 'refused' END, max_retry_times => 0) "
+	    "FROM generate_series(1, 3) g");
+	tl_sql(db, "SELECT outbox_enqueue('', 'leader.refused', 'x', "
+	    "business_module => 'old') FROM generate_series(1, 3)");
+	tl_sql(db, "UPDATE t_transactional_message SET message_status = 1, "
+	    "next_schedule_time = NULL, edit_time = now() - interval "
+	    "'10 days' - id * interval '1 second' WHERE business_module = "
+	    "'old'");
+	tl_sql(db, "CREATE TABLE leader_refs (message_id int8 REFERENCES "
+	    "t_transactional_message (id))");
+	tl_sql(db, "INSERT INTO leader_refs SELECT id FROM "
+	    "t_transactional_message WHERE business_module = 'old' "
+	    "ORDER BY edit_time LIMIT 1");
+	p = start("relay.retention: 7d\n");
+	ck_assert_int_eq(tl_wait_sql_int(db, 2, 30000, "SELECT count(*) FROM "
+	    "t_transactional_message WHERE business_module = 'exhausted' AND "
+	    "message_status = 3"), 2);
+	ck_assert_int_eq(tl_wait_sql_int(db, 1, 30000, "SELECT count(*) FROM "
+	    "t_transactional_message WHERE business_module = 'old'"), 1);
+	ck_assert_int_eq(tl_sql_int(db, "SELECT count(*) FROM "
+	    "t_transactional_message m JOIN leader_refs r ON r.message_id = "
+	    "m.id"), 1);
+	ck_assert_int_eq(tl_sql_int(db, "SELECT count(*) FROM "
+	    "t_transactional_message WHERE business_key = 'refused' AND "
+	    "message_status = 0"), 1);
+	ck_assert(wait_log2(p, "rows out of retries refused to the sweep",
+	    "leader: sweep refused", 5000));
+	ck_assert(wait_log2(p, "sent rows refused to the purge", "23503",
+	    5000));
+	ck_assert_int_eq(stop(p), 0);
+	/* The command says so, and exits 1. */
+	tl_config_write(cfg, sizeof(cfg), "");
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    cfg, "purge", "--older-than", "7d", NULL), 1);
+	ck_assert_msg(strstr(out, "0 sent rows purged") != NULL, "%s", out);
+	ck_assert_msg(strstr(err, "1 sent row refused to the purge, left: ")
+	    != NULL && strstr(err, "(23503)") != NULL, "%s", err);
+	tl_sql(db, "DROP TABLE leader_refs");
+	tl_sql(db, "DROP TRIGGER leader_refuse_sweep ON "
+	    "t_transactional_message");
+	tl_sql(db, "DROP FUNCTION leader_refuse_sweep()");
+}
+END_TEST
+
 /* Purges from s with a 7-day retention, in chunks of `chunk`; returns how
  * many rows went and sets *reads to the tuples the pass read. */
 static int64_t
@@ -1821,8 +1904,8 @@ purge_reads(struct store *s, int chunk, long long *reads)
 
 	tl_sql(db, "SELECT pg_stat_force_next_flush()");
 	before = outbox_tuples_read();
-	ck_assert_msg(store_purge_sent(s, 7LL * 86400000, chunk, &n) == 0,
-	    "purge: %s", store_error(s));
+	ck_assert_msg(store_purge_sent(s, 7LL * 86400000, chunk, NULL,
+	    &n) == 0, "purge: %s", store_error(s));
 	*reads = reads_since(s, before);
 	return n;
 }
@@ -1884,10 +1967,9 @@ START_TEST(test_purge_reads_only_what_it_deletes)
 	    " t_transactional_message_content"), KEPT);
 
 	read_store_source(src, sizeof(src));
-	expand_macro(src, "#define PURGE_SENT_SQL", NULL, NULL, NULL, NULL,
-	    sql, sizeof(sql));
-	tl_sql(db, "PREPARE purge(int8, int4) AS %s", sql);
-	explain_sql("EXPLAIN EXECUTE purge(604800000, 1000)", plan,
+	expand_chunk_sql(src, "PURGE_SENT", sql, sizeof(sql));
+	tl_sql(db, "PREPARE purge(int8, int4, int8[]) AS %s", sql);
+	explain_sql("EXPLAIN EXECUTE purge(604800000, 1000, '{1,2}')", plan,
 	    sizeof(plan));
 	ck_assert_msg(strstr(plan, "t_transactional_message_sent_idx") != NULL
 	    && strstr(plan, "Seq Scan") == NULL, "the purge does not read"
@@ -1927,7 +2009,7 @@ START_TEST(test_purge_skips_a_locked_row)
 	    " FOR UPDATE", oldest);
 	ck_assert_msg(store_connect(s) == 0, "connect: %s", store_error(s));
 	t0 = tl_ms();
-	rc = store_purge_sent(s, 7LL * 86400000, 1000, &n);
+	rc = store_purge_sent(s, 7LL * 86400000, 1000, NULL, &n);
 	took = tl_ms() - t0;
 	ck_assert_msg(rc == 0, "purge: %s (after %lld ms)", store_error(s),
 	    (long long)took);
@@ -1936,7 +2018,8 @@ START_TEST(test_purge_skips_a_locked_row)
 	ck_assert_int_eq(tl_sql_int(db, "SELECT count(*) FROM"
 	    " t_transactional_message WHERE id = %lld", oldest), 1);
 	tl_sql(locker, "COMMIT");
-	ck_assert_int_eq(store_purge_sent(s, 7LL * 86400000, 1000, &n), 0);
+	ck_assert_int_eq(store_purge_sent(s, 7LL * 86400000, 1000, NULL, &n),
+	    0);
 	ck_assert_int_eq(n, 1);
 	PQfinish(locker);
 	store_free(s);
@@ -2120,6 +2203,7 @@ main(void)
 	add(s, "purge_reads", test_purge_reads_only_what_it_deletes);
 	add(s, "purge_locked", test_purge_skips_a_locked_row);
 	add(s, "sweep_in_passes", test_sweep_in_passes);
+	add(s, "refused_rows", test_refused_rows_leave_the_compensation_going);
 	add(s, "read_committed", test_sessions_read_committed);
 	add(s, "rabbitmq_nodes", test_rabbitmq_node_list_skips_dead_node);
 	add(s, "postgres_multi_host", test_postgres_multi_host_conninfo);

@@ -572,8 +572,9 @@ signal_later(void *target)
 }
 
 /*
- * A reload's SIGHUP while the connect waits for the TCP handshake.  A listener whose accept queue is full drops
- * the SYN, so the handshake waits.  hiredis 0.14 took the EINTR for a
+ * A reload's SIGHUP while the connect waits for the TCP handshake.  A
+ * listener whose accept queue is full drops the SYN, so the handshake
+ * waits.  hiredis 0.14 took the EINTR for a
  * failed connect: "poll(2): Interrupted system call" at 300 ms.  Now the
  * connect runs its course (its timeout here, 1.5 s) and the signal is
  * handled after it.  (A stop signal still cuts it short.)

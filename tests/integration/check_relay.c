@@ -718,7 +718,7 @@ START_TEST(test_sweep_skips_a_locked_row)
 	tl_sql(holder, "SELECT 1 FROM t_transactional_message WHERE "
 	    "business_key = 'spent-2' FOR UPDATE");
 	t0 = tl_ms();
-	rc = store_sweep_exhausted(s, 1000, &n);
+	rc = store_sweep_exhausted(s, 1000, NULL, &n);
 	took = tl_ms() - t0;
 	ck_assert_msg(rc == 0, "sweep after %lld ms: %s", (long long)took,
 	    store_error(s));
@@ -727,7 +727,7 @@ START_TEST(test_sweep_skips_a_locked_row)
 	ck_assert_int_eq(tl_sql_int(db, SWEPT " AND business_key <> "
 	    "'spent-2'"), 2);
 	tl_sql(holder, "COMMIT");
-	ck_assert_msg(store_sweep_exhausted(s, 1000, &n) == 0, "sweep: %s",
+	ck_assert_msg(store_sweep_exhausted(s, 1000, NULL, &n) == 0, "sweep: %s",
 	    store_error(s));
 	ck_assert_int_eq(n, 1);
 	ck_assert_int_eq(tl_sql_int(db, SWEPT), 3);
