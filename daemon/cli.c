@@ -258,7 +258,7 @@ cmd_purge(struct store *s, int argc, char **argv)
 	/* Rows the database refuses to delete (an application table still
 	 * references them): left out, so that the rest goes. */
 	struct store_skip skip = { .n = 0 };
-	size_t refused = 0;
+	char why[sizeof(skip.why)] = "";
 
 	/* A unit is required, as in the config: a bare 30 read as 30 ms
 	 * would purge every sent row; so would 0, which in relay.retention
@@ -285,15 +285,16 @@ cmd_purge(struct store *s, int argc, char **argv)
 		    PURGE_CHUNK, &skip, &n) == -1)
 			return fail(s);
 		total += n;
-		refused += skip.refused;
-		if (skip.refused > 0)
-			fprintf(stderr, "%zu sent row%s refused to the purge, "
-			    "left: %s\n", skip.refused, skip.refused == 1 ?
-			    "" : "s", skip.why);
+		if (skip.refused > 0 && why[0] == '\0')
+			snprintf(why, sizeof(why), "%s", skip.why);
 	} while (n > 0 && n + (int64_t)skip.refused == PURGE_CHUNK);
 	printf("%" PRId64 " sent row%s purged\n", total, total == 1 ? "" :
 	    "s");
-	return refused > 0 ? 1 : 0;
+	/* Each refused row is in the list once, whichever chunk met it. */
+	if (skip.n > 0)
+		fprintf(stderr, "%zu sent row%s refused to the purge, left: "
+		    "%s\n", skip.n, skip.n == 1 ? "" : "s", why);
+	return skip.n > 0 ? 1 : 0;
 }
 
 /* writes: the command needs a server that takes writes.  With several

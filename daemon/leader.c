@@ -14,6 +14,7 @@
 #include "leader.h"
 
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 
@@ -288,16 +289,35 @@ skips_expire(struct leader *l)
 	l->skip_since_ms = now;
 }
 
-/* A pass's chunk found rows the database refused: they are left out
- * from now on (store_skip), and said once per pass. */
+/* What a pass's chunks found refused, said once for the pass: the rows
+ * are left out from now on (store_skip). */
+struct pass_refusals {
+	size_t rows;
+	int64_t first;
+	char why[sizeof(((struct store_skip *)0)->why)];
+};
+
 static void
-log_refused(const char *msg, const struct store_skip *skip)
+pass_refusals_add(struct pass_refusals *p, const struct store_skip *skip)
 {
 	if (skip->refused == 0)
 		return;
+	if (p->rows == 0) {
+		p->first = skip->first;
+		snprintf(p->why, sizeof(p->why), "%s", skip->why);
+	}
+	p->rows += skip->refused;
+}
+
+static void
+pass_refusals_log(const char *msg, const struct pass_refusals *p,
+    const struct store_skip *skip)
+{
+	if (p->rows == 0)
+		return;
 	log_warn(msg, "rows=%zu first_id=%" PRId64 " left_out=%zu "
-	    "retry_in_ms=%d error=%s", skip->refused, skip->first, skip->n,
-	    SKIP_FORGET_MS, log_quote((char[600]){ 0 }, 600, skip->why));
+	    "retry_in_ms=%d error=%s", p->rows, p->first, skip->n,
+	    SKIP_FORGET_MS, log_quote((char[600]){ 0 }, 600, p->why));
 }
 
 /*
@@ -313,6 +333,7 @@ log_refused(const char *msg, const struct store_skip *skip)
 static int64_t
 purge_sent(struct leader *l)
 {
+	struct pass_refusals refused = { 0 };
 	int64_t n, purged = 0;
 
 	skips_expire(l);
@@ -330,7 +351,7 @@ purge_sent(struct leader *l)
 			    "0\"" : "");
 			break;
 		}
-		log_refused("sent rows refused to the purge", &l->purge_skip);
+		pass_refusals_add(&refused, &l->purge_skip);
 		purged += n;
 		if (n == 0 ||
 		    n + (int64_t)l->purge_skip.refused < PURGE_CHUNK) {
@@ -338,6 +359,8 @@ purge_sent(struct leader *l)
 			break;
 		}
 	}
+	pass_refusals_log("sent rows refused to the purge", &refused,
+	    &l->purge_skip);
 	if (purged > 0)
 		log_info("sent rows purged", "rows=%" PRId64
 		    " older_than_ms=%" PRId64, purged, l->conf.retention_ms);
@@ -360,6 +383,7 @@ purge_sent(struct leader *l)
 static int64_t
 sweep_exhausted(struct leader *l, bool *more)
 {
+	struct pass_refusals refused = { 0 };
 	int64_t n = 0, swept = 0;
 
 	*more = false;
@@ -376,14 +400,15 @@ sweep_exhausted(struct leader *l, bool *more)
 			break;
 		}
 		log_limit_reset(&l->sweep_log);
-		log_refused("rows out of retries refused to the sweep",
-		    &l->sweep_skip);
+		pass_refusals_add(&refused, &l->sweep_skip);
 		swept += n;
 		*more = n > 0 &&
 		    n + (int64_t)l->sweep_skip.refused == SWEEP_CHUNK;
 		if (!*more)
 			break;
 	}
+	pass_refusals_log("rows out of retries refused to the sweep",
+	    &refused, &l->sweep_skip);
 	if (swept > 0)
 		log_warn("rows out of retries marked dead", "rows=%" PRId64,
 		    swept);

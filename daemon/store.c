@@ -2033,14 +2033,16 @@ run_halving(struct store *s, const char *what, const char *sql,
 		    "outboxd_part; RELEASE outboxd_part") == -1)
 			return -1;
 	}
+	/* Full: the rest of the part waits, as a refused chunk would. */
+	if (skip->n == ARRAY_LEN(skip->ids))
+		return 0;
 	if (n == 1) {
 		if (skip->refused++ == 0) {
 			skip->first = ids[0];
 			snprintf(skip->why, sizeof(skip->why), "%s (%s)",
 			    s->refusal, s->sqlstate);
 		}
-		if (skip->n < ARRAY_LEN(skip->ids))
-			skip->ids[skip->n++] = ids[0];
+		skip->ids[skip->n++] = ids[0];
 		return 0;
 	}
 	half = n / 2;
@@ -2067,13 +2069,13 @@ run_chunk_apart(struct store *s, const char *what, const char *ids_sql,
 	size_t nids;
 	int rc;
 
-	if (exec_command(s, "BEGIN") == -1)
-		return -1;
-	res = query(s, what, ids_sql, nparams, params, PGRES_TUPLES_OK);
-	if (res == NULL) {
-		PQclear(PQexec(s->conn, "ROLLBACK"));
-		return -1;
-	}
+	/* Deferred checks (a DEFERRABLE foreign key of the application's)
+	 * run at each part, under its savepoint, where the COMMIT could not
+	 * say which row they refused. */
+	if (exec_command(s, "BEGIN; SET CONSTRAINTS ALL IMMEDIATE") == -1 ||
+	    (res = query(s, what, ids_sql, nparams, params,
+	    PGRES_TUPLES_OK)) == NULL)
+		goto fail;
 	nids = (size_t)PQntuples(res);
 	ids = xcalloc(nids + 1, sizeof(*ids));
 	for (size_t i = 0; i < nids; i++)
@@ -2083,6 +2085,7 @@ run_chunk_apart(struct store *s, const char *what, const char *ids_sql,
 	free(ids);
 	if (rc == 0 && exec_command(s, "COMMIT") == 0)
 		return 0;
+fail:
 	*n = 0;
 	if (s->conn != NULL && PQtransactionStatus(s->conn) != PQTRANS_IDLE)
 		PQclear(PQexec(s->conn, "ROLLBACK"));
@@ -2106,7 +2109,8 @@ run_chunk(struct store *s, const char *what, const char *chunk_sql,
 	    skip->n) : "{}";
 	if (command_count(s, what, chunk_sql, nparams, params, n) == 0)
 		return 0;
-	if (skip == NULL || !row_specific(s))
+	if (skip == NULL || !row_specific(s) ||
+	    skip->n == ARRAY_LEN(skip->ids))
 		return -1;
 	params[nparams - 1] = ids_array(s, skip->ids, skip->n);
 	return run_chunk_apart(s, what, ids_sql, nparams, params, by_ids_sql,

@@ -243,10 +243,13 @@ int store_counts(struct store *, bool count_sent, struct store_counts *)
  * an application table still references).  Each pass takes the oldest
  * rows first, so one such row was in every chunk, failed it, and
  * stopped every pass after it.  The caller keeps it between passes, and
- * empties it now and then to try the rows again.
+ * empties it now and then to try the rows again.  Once it is full, a
+ * refused chunk fails the call as before, and a refused part of one is
+ * left as it is: finding each row costs statements, every pass.
  */
+#define STORE_SKIP_ROWS_MAX 256
 struct store_skip {
-	int64_t ids[STORE_SKIP_MAX];
+	int64_t ids[STORE_SKIP_ROWS_MAX];
 	size_t n;
 	size_t refused;		/* found by the last call, all of them */
 	int64_t first;		/* the first of them */

@@ -1853,39 +1853,45 @@ START_TEST(test_refused_rows_leave_the_compensation_going)
 	    "THEN 'refused' END, max_retry_times => 0) "
 	    "FROM generate_series(1, 3) g");
 	tl_sql(db, "SELECT outbox_enqueue('', 'leader.refused', 'x', "
-	    "business_module => 'old') FROM generate_series(1, 3)");
+	    "business_module => 'old') FROM generate_series(1, 4)");
 	tl_sql(db, "UPDATE t_transactional_message SET message_status = 1, "
 	    "next_schedule_time = NULL, edit_time = now() - interval "
 	    "'10 days' - id * interval '1 second' WHERE business_module = "
 	    "'old'");
+	/* The oldest two sent rows are referenced, the second by a key
+	 * checked at COMMIT. */
 	tl_sql(db, "CREATE TABLE leader_refs (message_id int8 REFERENCES "
-	    "t_transactional_message (id))");
-	tl_sql(db, "INSERT INTO leader_refs SELECT id FROM "
+	    "t_transactional_message (id), later int8 REFERENCES "
+	    "t_transactional_message (id) DEFERRABLE INITIALLY DEFERRED)");
+	tl_sql(db, "INSERT INTO leader_refs (message_id) SELECT id FROM "
 	    "t_transactional_message WHERE business_module = 'old' "
 	    "ORDER BY edit_time LIMIT 1");
+	tl_sql(db, "INSERT INTO leader_refs (later) SELECT id FROM "
+	    "t_transactional_message WHERE business_module = 'old' "
+	    "ORDER BY edit_time OFFSET 1 LIMIT 1");
 	p = start("relay.retention: 7d\n");
 	ck_assert_int_eq(tl_wait_sql_int(db, 2, 30000, "SELECT count(*) FROM "
 	    "t_transactional_message WHERE business_module = 'exhausted' AND "
 	    "message_status = 3"), 2);
-	ck_assert_int_eq(tl_wait_sql_int(db, 1, 30000, "SELECT count(*) FROM "
-	    "t_transactional_message WHERE business_module = 'old'"), 1);
+	ck_assert_int_eq(tl_wait_sql_int(db, 2, 30000, "SELECT count(*) FROM "
+	    "t_transactional_message WHERE business_module = 'old'"), 2);
 	ck_assert_int_eq(tl_sql_int(db, "SELECT count(*) FROM "
-	    "t_transactional_message m JOIN leader_refs r ON r.message_id = "
-	    "m.id"), 1);
+	    "t_transactional_message m JOIN leader_refs r ON m.id IN "
+	    "(r.message_id, r.later)"), 2);
 	ck_assert_int_eq(tl_sql_int(db, "SELECT count(*) FROM "
 	    "t_transactional_message WHERE business_key = 'refused' AND "
 	    "message_status = 0"), 1);
 	ck_assert(wait_log2(p, "rows out of retries refused to the sweep",
 	    "leader: sweep refused", 5000));
-	ck_assert(wait_log2(p, "sent rows refused to the purge", "23503",
-	    5000));
+	ck_assert(wait_log2(p, "sent rows refused to the purge\" rows=2 ",
+	    "23503", 5000));
 	ck_assert_int_eq(stop(p), 0);
 	/* The command says so, and exits 1. */
 	tl_config_write(cfg, sizeof(cfg), "");
 	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
 	    cfg, "purge", "--older-than", "7d", NULL), 1);
 	ck_assert_msg(strstr(out, "0 sent rows purged") != NULL, "%s", out);
-	ck_assert_msg(strstr(err, "1 sent row refused to the purge, left: ")
+	ck_assert_msg(strstr(err, "2 sent rows refused to the purge, left: ")
 	    != NULL && strstr(err, "(23503)") != NULL, "%s", err);
 	tl_sql(db, "DROP TABLE leader_refs");
 	tl_sql(db, "DROP TRIGGER leader_refuse_sweep ON "
