@@ -3004,13 +3004,15 @@ END_TEST
 
 /* A trigger that refuses to make DEAD the rows for which `rows` holds
  * (an SQL condition on NEW): the leader's sweep of exhausted rows is
- * refused, with "dmn: sweep refused". */
+ * refused, with "dmn: sweep refused" and sqlstate: P0001 for one row's
+ * (left out of the sweeps), 53100 (disk_full) for every row's. */
 static void
-refuse_sweep(const char *rows)
+refuse_sweep(const char *rows, const char *sqlstate)
 {
 	tl_sql(db, "CREATE OR REPLACE FUNCTION dmn_refuse_sweep()"
 	    " RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
-	    " RAISE EXCEPTION 'dmn: sweep refused'; END $$");
+	    " RAISE EXCEPTION 'dmn: sweep refused' USING ERRCODE = '%s';"
+	    " END $$", sqlstate);
 	tl_sql(db, "DROP TRIGGER IF EXISTS dmn_refuse_sweep ON "
 	    "t_transactional_message");
 	tl_sql(db, "CREATE TRIGGER dmn_refuse_sweep BEFORE UPDATE ON"
@@ -3029,15 +3031,16 @@ allow_sweep(void)
 /*
  * The leader's compensation retries every poll interval (10 ms at the
  * least): a part that keeps failing (here a trigger refuses the sweep
- * that marks exhausted rows dead) is logged in a burst, then once a
- * second.  The old code wrote a line at every try.
+ * that marks exhausted rows dead, with an error of the whole table) is
+ * logged in a burst, then once a second.  The old code wrote a line at
+ * every try.
  */
 START_TEST(test_failing_compensation_lines_are_limited)
 {
 	char *log;
 	pid_t pid;
 
-	refuse_sweep("NEW.routing_key = 'dmn.sweepfail'");
+	refuse_sweep("NEW.routing_key = 'dmn.sweepfail'", "53100");
 	tl_sql(db, "INSERT INTO t_transactional_message (queue_name,"
 	    " routing_key, message_status, current_retry_times,"
 	    " max_retry_times) VALUES ('', 'dmn.sweepfail', 2, 3, 2)");
@@ -3679,28 +3682,35 @@ END_TEST
 
 /*
  * A row out of retries that a trigger will not let be made DEAD: the
- * sweep is refused, said so, and the counts are still taken.  Before,
- * the refused sweep failed every compensation, and the row gauges were
- * never set (outboxd_rows_dead read 0 with a dead row in the table).
+ * row is left out of the sweeps, said so, and the counts are still
+ * taken.  Before, the refused sweep failed every compensation, and the
+ * row gauges were never set (outboxd_rows_dead read 0 with a dead row
+ * in the table).
  */
 START_TEST(test_refused_sweep_keeps_the_gauges)
 {
 	char yaml[512], *log;
 	pid_t pid;
 
-	refuse_sweep("NEW.business_key = 'stuck'");
+	refuse_sweep("NEW.business_key = 'stuck'", "P0001");
 	tl_sql(db, "INSERT INTO t_transactional_message (message_status, "
 	    "current_retry_times, max_retry_times, business_key) VALUES "
 	    "(2, 5, 5, 'stuck'), (3, 5, 5, 'dead')");
 	snprintf(yaml, sizeof(yaml), "redis.key: \"dmn:leader:sweep\"\n"
 	    "http.listen: \"127.0.0.1:%d\"\n", http_port());
 	pid = start_ready("dmn.sweep", yaml, &log);
-	ck_assert_msg(wait_log(log, "msg=\"rows out of retries not marked "
-	    "dead\" error=", 1, 20000), "log %s", log);
+	ck_assert_msg(wait_log(log, "msg=\"rows out of retries refused to "
+	    "the sweep\" rows=1 ", 1, 20000), "log %s", log);
 	ck_assert_double_eq(wait_metric("outboxd_rows_dead", 1, 20000), 1);
 	enqueue("dmn.sweep", 3);
 	ck_assert_int_eq(tl_wait_sql_int(db, 3, 20000, COUNT_STATUS(1)), 3);
 	ck_assert_int_eq(log_count(log, "msg=\"compensation failed\""), 0);
+	/* Left out of the passes since: said once, and as it was. */
+	ck_assert_int_eq(log_count(log, "refused to the sweep"), 1);
+	ck_assert_int_eq(log_count(log, "not marked dead"), 0);
+	ck_assert_int_eq(tl_sql_int(db, "SELECT count(*) FROM "
+	    "t_transactional_message WHERE business_key = 'stuck' AND "
+	    "message_status = 2"), 1);
 	ck_assert_int_eq(tl_outboxd_stop(pid, 25000), 0);
 	allow_sweep();
 	check_logfmt(log);
