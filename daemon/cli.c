@@ -294,6 +294,9 @@ cmd_purge(struct store *s, int argc, char **argv)
 	if (skip.n > 0)
 		fprintf(stderr, "%zu sent row%s refused to the purge, left: "
 		    "%s\n", skip.n, skip.n == 1 ? "" : "s", why);
+	if (skip.n == ARRAY_LEN(skip.ids))
+		fprintf(stderr, "the purge stopped there: more rows may be "
+		    "refused, and the sent rows behind them were not purged\n");
 	return skip.n > 0 ? 1 : 0;
 }
 

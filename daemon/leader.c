@@ -40,6 +40,12 @@
  * long, then tried again (and logged again if still refused). */
 #define SKIP_FORGET_MS (10 * 60 * 1000)
 
+/* Rows a pass leaves out (store_skip), since the first of them was. */
+struct skip_list {
+	struct store_skip rows;
+	int64_t since_ms;
+};
+
 struct leader {
 	struct lock *lock;	/* NULL when Redis is disabled */
 	struct store *store;
@@ -59,10 +65,8 @@ struct leader {
 	struct log_limit compensation_log, advisory_log;
 	struct log_limit purge_log;	/* tried once a purge interval */
 	struct log_limit sweep_log;
-	/* Rows the database refuses to sweep or purge (store_skip), and
-	 * when the lists were last emptied. */
-	struct store_skip sweep_skip, purge_skip;
-	int64_t skip_since_ms;
+	/* Rows the database refuses to sweep or purge. */
+	struct skip_list sweep_skip, purge_skip;
 	struct leader_gauges gauges;
 };
 
@@ -275,22 +279,22 @@ leader_backlog_interval_ms(int64_t took_ms)
 	return wait > BACKLOG_MIN_WAIT_MS ? wait : BACKLOG_MIN_WAIT_MS;
 }
 
-/* Forgets the rows the passes leave out, now and then, so that a row
- * whose trigger or reference is gone is swept or purged after all. */
+/* Before a pass: forgets the rows it leaves out SKIP_FORGET_MS after the
+ * first of them, so that a row whose trigger or reference is gone is
+ * swept or purged after all.  An empty list's clock starts now. */
 static void
-skips_expire(struct leader *l)
+skip_list_expire(struct skip_list *list)
 {
 	int64_t now = now_mono_ms();
 
-	if (now - l->skip_since_ms < SKIP_FORGET_MS)
-		return;
-	l->sweep_skip.n = 0;
-	l->purge_skip.n = 0;
-	l->skip_since_ms = now;
+	if (list->rows.n > 0 && now - list->since_ms >= SKIP_FORGET_MS)
+		list->rows.n = 0;
+	if (list->rows.n == 0)
+		list->since_ms = now;
 }
 
 /* What a pass's chunks found refused, said once for the pass: the rows
- * are left out from now on (store_skip). */
+ * are left out from now on. */
 struct pass_refusals {
 	size_t rows;
 	int64_t first;
@@ -311,13 +315,14 @@ pass_refusals_add(struct pass_refusals *p, const struct store_skip *skip)
 
 static void
 pass_refusals_log(const char *msg, const struct pass_refusals *p,
-    const struct store_skip *skip)
+    const struct skip_list *list)
 {
 	if (p->rows == 0)
 		return;
 	log_warn(msg, "rows=%zu first_id=%" PRId64 " left_out=%zu "
-	    "retry_in_ms=%d error=%s", p->rows, p->first, skip->n,
-	    SKIP_FORGET_MS, log_quote((char[600]){ 0 }, 600, p->why));
+	    "retry_in_ms=%" PRId64 " error=%s", p->rows, p->first,
+	    list->rows.n, list->since_ms + SKIP_FORGET_MS - now_mono_ms(),
+	    log_quote((char[600]){ 0 }, 600, p->why));
 }
 
 /*
@@ -336,10 +341,10 @@ purge_sent(struct leader *l)
 	struct pass_refusals refused = { 0 };
 	int64_t n, purged = 0;
 
-	skips_expire(l);
+	skip_list_expire(&l->purge_skip);
 	for (int i = 0; i < PURGE_CHUNKS_PER_TICK; i++) {
 		if (store_purge_sent(l->store, l->conf.retention_ms,
-		    PURGE_CHUNK, &l->purge_skip, &n) == -1) {
+		    PURGE_CHUNK, &l->purge_skip.rows, &n) == -1) {
 			log_event_limited(&l->purge_log, LOG_WARN,
 			    "sent rows not purged", "purged_before=%" PRId64
 			    " retry_in_ms=%d error=%s%s", purged,
@@ -351,10 +356,10 @@ purge_sent(struct leader *l)
 			    "0\"" : "");
 			break;
 		}
-		pass_refusals_add(&refused, &l->purge_skip);
+		pass_refusals_add(&refused, &l->purge_skip.rows);
 		purged += n;
 		if (n == 0 ||
-		    n + (int64_t)l->purge_skip.refused < PURGE_CHUNK) {
+		    n + (int64_t)l->purge_skip.rows.refused < PURGE_CHUNK) {
 			log_limit_reset(&l->purge_log);
 			break;
 		}
@@ -387,10 +392,10 @@ sweep_exhausted(struct leader *l, bool *more)
 	int64_t n = 0, swept = 0;
 
 	*more = false;
-	skips_expire(l);
+	skip_list_expire(&l->sweep_skip);
 	for (int i = 0; i < SWEEP_CHUNKS_PER_TICK; i++) {
 		if (store_sweep_exhausted(l->store, SWEEP_CHUNK,
-		    &l->sweep_skip, &n) == -1) {
+		    &l->sweep_skip.rows, &n) == -1) {
 			if (!store_connected(l->store))
 				return -1;
 			log_event_limited(&l->sweep_log, LOG_WARN,
@@ -400,10 +405,10 @@ sweep_exhausted(struct leader *l, bool *more)
 			break;
 		}
 		log_limit_reset(&l->sweep_log);
-		pass_refusals_add(&refused, &l->sweep_skip);
+		pass_refusals_add(&refused, &l->sweep_skip.rows);
 		swept += n;
 		*more = n > 0 &&
-		    n + (int64_t)l->sweep_skip.refused == SWEEP_CHUNK;
+		    n + (int64_t)l->sweep_skip.rows.refused == SWEEP_CHUNK;
 		if (!*more)
 			break;
 	}

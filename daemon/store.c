@@ -2064,6 +2064,7 @@ run_chunk_apart(struct store *s, const char *what, const char *ids_sql,
     int nparams, const char *const *params, const char *by_ids_sql,
     struct store_skip *skip, int64_t *n)
 {
+	size_t skipped_before = skip->n;
 	PGresult *res;
 	int64_t *ids;
 	size_t nids;
@@ -2086,7 +2087,11 @@ run_chunk_apart(struct store *s, const char *what, const char *ids_sql,
 	if (rc == 0 && exec_command(s, "COMMIT") == 0)
 		return 0;
 fail:
+	/* Rows found refused before a later failure are not left out
+	 * unsaid: the failure is what the caller logs. */
 	*n = 0;
+	skip->n = skipped_before;
+	skip->refused = 0;
 	if (s->conn != NULL && PQtransactionStatus(s->conn) != PQTRANS_IDLE)
 		PQclear(PQexec(s->conn, "ROLLBACK"));
 	return -1;

@@ -32,7 +32,7 @@ done
 # test installs pg with npm instead.  Only with a nodejs installed now: a
 # machine that has everything else must not need root for this alone.
 if ! command -v npm >/dev/null && ! installed node-pg &&
-	! apt-cache policy nodejs 2>/dev/null | grep -q nodesource; then
+	[[ "$(apt-cache policy nodejs 2>/dev/null)" != *nodesource* ]]; then
 	if [[ " ${missing[*]} " == *" nodejs "* ]]; then
 		missing+=(node-pg)
 	else

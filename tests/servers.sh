@@ -43,7 +43,9 @@ as_pg() {
 }
 
 port_in_use() {
-	ss -Htln "sport = :$1" 2>/dev/null | grep -q .
+	# Not grep -q: with pipefail, ss killed by the pipe grep -q closed
+	# at its first line (a port with two listeners) read as free.
+	[ -n "$(ss -Htln "sport = :$1" 2>/dev/null)" ]
 }
 
 # Sets the variable named $1 to a free TCP port in 20000-29999 that is

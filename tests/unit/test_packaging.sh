@@ -119,7 +119,10 @@ missing=
 # shellcheck disable=SC2013  # package names are single words
 for p in $(grep -o '\blib[a-z0-9.-]*-dev\b' tests/deps.sh |
     grep -v '^libclang-rt' | sort -u); do
-	printf '%s\n' "$build_stage" | grep -qw -- "$p" ||
+	# A here-string, not printf | grep -q: bash writes its output a
+	# line at a time, grep -q exits at the match, and a write after
+	# that failed the pipeline (pipefail) under load, once in CI.
+	grep -qw -- "$p" <<<"$build_stage" ||
 		missing="$missing $p"
 done
 if [ -z "$missing" ]; then
@@ -282,7 +285,7 @@ else
 		libc6 | libasan* | libubsan* | liblsan* | libtsan*) continue ;;
 		"") missing="$missing $lib(no package)"; continue ;;
 		esac
-		printf '%s\n' "$runtime_stage" | grep -qw -- "$pkg" ||
+		grep -qw -- "$pkg" <<<"$runtime_stage" ||
 			missing="$missing $pkg"
 	done
 	if [ -z "$missing" ]; then
