@@ -1190,7 +1190,7 @@ asan_without_quarantine(void)
  */
 START_TEST(test_standby_drops_wakeups)
 {
-	enum { NOTIFIES = 300000, ROUNDS = 3 };
+	enum { NOTIFIES = 300000, ROUNDS = 4 };
 	const char *yaml = "relay.mode: single-active\nredis.enabled: false\n"
 	    "postgres.application_name: \"leader-standby\"\n";
 	pid_t p[2];
@@ -1217,13 +1217,14 @@ START_TEST(test_standby_drops_wakeups)
 		    10000), 0);
 		rss[r] = tl_proc_kib(p[1], "VmRSS");
 	}
-	fprintf(stderr, "leader: standby rss %ld KiB, then %ld KiB after %d "
-	    "more wake-ups\n", rss[0], rss[ROUNDS - 1],
-	    (ROUNDS - 1) * NOTIFIES);
-	/* A round may leave the heap grown (freed memory is not always
-	 * given back), but later rounds reuse it; kept wake-ups would add
-	 * about 19 MiB per round. */
-	ck_assert_int_lt(rss[ROUNDS - 1] - rss[0], 8 * 1024);
+	fprintf(stderr, "leader: standby rss %ld, %ld, %ld, %ld KiB after "
+	    "each %d wake-ups\n", rss[0], rss[1], rss[2], rss[3], NOTIFIES);
+	/* Kept wake-ups would add about 19 MiB a round, 57 MiB from the
+	 * first round to the fourth.  Dropped, the heap still moves from
+	 * round to round (freed memory is neither always given back nor
+	 * reused whole): up to 10 MiB seen, which failed a limit of 8 MiB
+	 * over three rounds once in CI. */
+	ck_assert_int_lt(rss[ROUNDS - 1] - rss[0], 28 * 1024);
 	ck_assert(!log_has(p[1], "leadership acquired"));
 	ck_assert_int_eq(stop(p[1]), 0);
 	ck_assert_int_eq(stop(p[0]), 0);
