@@ -1345,6 +1345,31 @@ probe_readable(struct store *s, int64_t id, char *why, size_t size)
 static bool row_specific(const struct store *);
 
 /*
+ * A part of a batch or chunk is written under the savepoint
+ * outboxd_part, so that a row the database refuses takes back only that
+ * part.  part_end closes it after the part's statements went through
+ * (written) or failed: 1 when written, 0 when refused for an error one
+ * row can cause (rolled back to the savepoint, the refusal kept in
+ * s->refusal and s->sqlstate), -1 on any other error.
+ */
+static int
+part_begin(struct store *s)
+{
+	return exec_command(s, "SAVEPOINT outboxd_part");
+}
+
+static int
+part_end(struct store *s, bool written)
+{
+	if (written)
+		return exec_command(s, "RELEASE outboxd_part") == 0 ? 1 : -1;
+	if (!row_specific(s))
+		return -1;
+	return exec_command(s, "ROLLBACK TO outboxd_part; "
+	    "RELEASE outboxd_part") == 0 ? 0 : -1;
+}
+
+/*
  * Makes the unreadable row id DEAD with why, under a savepoint: a
  * refusal the row can cause (a trigger's exception, a constraint) is
  * rolled back and written to refusal.  1 when it is DEAD, 0 when
@@ -1356,21 +1381,19 @@ mark_unreadable_row(struct store *s, int64_t id, const char *why,
 {
 	char idtext[24];
 	const char *params[2] = { idtext, why };
+	int rc;
 
 	snprintf(idtext, sizeof(idtext), "%" PRId64, id);
-	if (exec_command(s, "SAVEPOINT outboxd_unreadable") == -1)
+	if (part_begin(s) == -1)
 		return -1;
-	if (result_done(s, PQexecParams(s->conn, mark_unreadable_sql, 2, NULL,
-	    params, NULL, NULL, 0), "marking an unreadable row") == 0)
-		return exec_command(s, "RELEASE outboxd_unreadable") == 0 ?
-		    1 : -1;
-	if (!row_specific(s))
-		return -1;
-	snprintf(refusal, size, "the database refused to mark it dead (a "
-	    "name or header has no UTF-8 form): %.200s (%s)", s->refusal,
-	    s->sqlstate);
-	return exec_command(s, "ROLLBACK TO outboxd_unreadable; "
-	    "RELEASE outboxd_unreadable") == 0 ? 0 : -1;
+	rc = part_end(s, result_done(s, PQexecParams(s->conn,
+	    mark_unreadable_sql, 2, NULL, params, NULL, NULL, 0),
+	    "marking an unreadable row") == 0);
+	if (rc == 0)
+		snprintf(refusal, size, "the database refused to mark it dead "
+		    "(a name or header has no UTF-8 form): %.200s (%s)",
+		    s->refusal, s->sqlstate);
+	return rc;
 }
 
 int
@@ -1699,14 +1722,13 @@ write_mark_alone(struct store *s, struct store_mark *m, size_t *refused)
 {
 	struct store_mark dead;
 	char *why;
+	int rc;
 
-	if (exec_command(s, "SAVEPOINT outboxd_mark") == -1)
+	if (part_begin(s) == -1 ||
+	    (rc = part_end(s, write_marks(s, m, 1) == 0)) == -1)
 		return -1;
-	if (write_marks(s, m, 1) == 0)
-		return exec_command(s, "RELEASE outboxd_mark");
-	if (!row_specific(s) ||
-	    exec_command(s, "ROLLBACK TO outboxd_mark") == -1)
-		return -1;
+	if (rc == 1)
+		return 0;
 	why = s->refusals[(*refused)++];
 	snprintf(why, STORE_REFUSAL_LEN, "the database refused to mark "
 	    "it %s: %s (%s)", m->kind == MARK_SUCCESS ? "sent (it was "
@@ -1715,16 +1737,16 @@ write_mark_alone(struct store *s, struct store_mark *m, size_t *refused)
 	m->refused = why;
 	dead = (struct store_mark){ .id = m->id, .kind = MARK_DEAD,
 		.error = why };
-	if (write_marks(s, &dead, 1) == 0) {
+	if (part_begin(s) == -1 ||
+	    (rc = part_end(s, write_marks(s, &dead, 1) == 0)) == -1)
+		return -1;
+	if (rc == 1) {
 		m->kind = MARK_DEAD;
 		m->error = why;
-	} else if (!row_specific(s) ||
-	    exec_command(s, "ROLLBACK TO outboxd_mark") == -1) {
-		return -1;
 	} else {
 		m->kind = MARK_RELEASE;
 	}
-	return exec_command(s, "RELEASE outboxd_mark");
+	return 0;
 }
 
 /* Below this many marks, a refused range is written row by row: halving
@@ -1745,6 +1767,7 @@ write_marks_halving(struct store *s, struct store_mark *marks, size_t n,
     bool refused_whole, size_t *refused)
 {
 	size_t live = 0, half, refused_before = *refused;
+	int rc;
 
 	for (size_t i = 0; i < n; i++)
 		live += marks[i].kind != MARK_RELEASE;
@@ -1758,13 +1781,11 @@ write_marks_halving(struct store *s, struct store_mark *marks, size_t n,
 		return 0;
 	}
 	if (!refused_whole) {
-		if (exec_command(s, "SAVEPOINT outboxd_marks") == -1)
+		if (part_begin(s) == -1 ||
+		    (rc = part_end(s, write_marks(s, marks, n) == 0)) == -1)
 			return -1;
-		if (write_marks(s, marks, n) == 0)
-			return exec_command(s, "RELEASE outboxd_marks");
-		if (!row_specific(s) || exec_command(s, "ROLLBACK TO "
-		    "outboxd_marks; RELEASE outboxd_marks") == -1)
-			return -1;
+		if (rc == 1)
+			return 0;
 	}
 	half = n / 2;
 	if (write_marks_halving(s, marks, half, false, refused) == -1)
@@ -2015,23 +2036,25 @@ run_halving(struct store *s, const char *what, const char *sql,
 {
 	size_t before = skip->refused, half;
 	const char *params[1];
-	int64_t count;
+	int64_t count = 0;
+	int rc;
 
 	if (n == 0)
 		return 0;
 	/* A single row is tried even so: the chunk was read again since
 	 * it was refused, and rows may be refused only together. */
 	if (!refused_whole || n == 1) {
-		if (exec_command(s, "SAVEPOINT outboxd_part") == -1)
+		if (part_begin(s) == -1)
 			return -1;
 		params[0] = ids_array(s, ids, n);
-		if (command_count(s, what, sql, 1, params, &count) == 0) {
-			*done += count;
-			return exec_command(s, "RELEASE outboxd_part");
-		}
-		if (!row_specific(s) || exec_command(s, "ROLLBACK TO "
-		    "outboxd_part; RELEASE outboxd_part") == -1)
+		rc = part_end(s, command_count(s, what, sql, 1, params,
+		    &count) == 0);
+		if (rc == -1)
 			return -1;
+		if (rc == 1) {
+			*done += count;
+			return 0;
+		}
 	}
 	/* Full: the rest of the part waits, as a refused chunk would. */
 	if (skip->n == ARRAY_LEN(skip->ids))
