@@ -36,7 +36,9 @@ usage() {
 # initdb and postgres refuse to run as root.
 as_pg() {
 	if [ "$(id -u)" = 0 ]; then
-		runuser -u postgres -- "$@"
+		# From /, which that user can always enter: from a private
+		# clone, pg_ctl said "could not change directory to …".
+		(cd / && runuser -u postgres -- "$@")
 	else
 		"$@"
 	fi
