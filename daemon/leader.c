@@ -153,6 +153,17 @@ hold_advisory_lock(struct leader *l)
 	return held ? 1 : 0;
 }
 
+/* Lets the advisory lock go, for the Redis key's holder to take; a
+ * session that would not is closed (store.c), and the relay reconnects. */
+static void
+let_advisory_lock_go(struct leader *l)
+{
+	if (store_release_leader_lock(l->store) == -1)
+		log_warn("advisory lock not released: postgres session "
+		    "closed to let it go", "error=%s",
+		    log_quote((char[600]){ 0 }, 600, store_error(l->store)));
+}
+
 /* Leadership through PostgreSQL's advisory lock, on the store session.
  * The relay keeps the session up, also in single-active standby. */
 static void
@@ -255,7 +266,7 @@ update_leadership(struct leader *l)
 	if (st != LOCK_HELD) {
 		/* Redis answers and another holds the key: the advisory
 		 * lock goes, for the key's holder to take. */
-		store_release_leader_lock(l->store);
+		let_advisory_lock_go(l);
 		l->fenced = false;
 		set_leader(l, false, LEADER_BACKEND_REDIS);
 		return;
@@ -519,6 +530,6 @@ leader_release(struct leader *l)
 {
 	if (l->lock != NULL)
 		lock_release(l->lock);
-	store_release_leader_lock(l->store);
+	let_advisory_lock_go(l);
 	set_leader(l, false, LEADER_BACKEND_NONE);
 }

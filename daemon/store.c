@@ -2297,11 +2297,30 @@ store_try_leader_lock(struct store *s, bool *held)
 	return 0;
 }
 
-void
+/* An advisory lock outlives a failed statement: a session that could not
+ * let go of it, had it stayed open with the flag cleared, kept every
+ * other instance from leading until it reconnected.  So such a session
+ * is closed, which lets go. */
+int
 store_release_leader_lock(struct store *s)
 {
-	if (s->leader_lock_held && store_connected(s))
-		PQclear(PQexec(s->conn, "SELECT pg_advisory_unlock("
-		    LEADER_LOCK_KEY ")"));
+	PGresult *res;
+	bool released;
+
+	if (!s->leader_lock_held || !store_connected(s)) {
+		s->leader_lock_held = false;
+		return 0;
+	}
+	res = query(s, "leader unlock", "SELECT pg_advisory_unlock("
+	    LEADER_LOCK_KEY ")", 0, NULL, PGRES_TUPLES_OK);
+	released = res != NULL && PQgetvalue(res, 0, 0)[0] == 't';
+	if (res != NULL && !released)
+		set_error(s, "leader unlock", "the session did not hold the "
+		    "lock");
+	PQclear(res);
 	s->leader_lock_held = false;
+	if (released)
+		return 0;
+	store_disconnect(s);
+	return -1;
 }

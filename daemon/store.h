@@ -299,7 +299,9 @@ int store_list_dead(struct store *, int limit, const struct dead_filter *,
 /* Session-level PostgreSQL advisory lock: the leader election fallback
  * while Redis is unreachable.  *held is set to the outcome. */
 int store_try_leader_lock(struct store *, bool *held) WARN_UNUSED;
-void store_release_leader_lock(struct store *);
+/* Lets the lock go; -1 (store_error says why) when the server would not,
+ * and the session was closed to let it go. */
+int store_release_leader_lock(struct store *);
 
 /* Which of ids[0..n) are still due (due[i]), whether or not locked by
  * another session; outside a batch.  0, or -1 with the store's error. */

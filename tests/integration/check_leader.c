@@ -577,6 +577,9 @@ setup(void)
 		redisFree(c);
 	db = tl_pg();
 	tl_reset_db(db);
+	/* test_unlock_refused_closes_the_session revokes it. */
+	tl_sql(db, "GRANT EXECUTE ON FUNCTION pg_advisory_unlock(bigint) TO "
+	    "PUBLIC");
 	/* The plan tests turn autovacuum off for their run; one that failed
 	 * half-way must not leave it off for the suites after. */
 	tl_sql(db, "ALTER TABLE t_transactional_message"
@@ -994,7 +997,7 @@ END_TEST
 
 /* Starts outboxd as another PostgreSQL role (same server and db). */
 static pid_t
-start_as_role(const char *role, const char *extra)
+start_as_role_ttl(const char *role, int ttl_ms, const char *extra)
 {
 	char *base = strdup(tl_env("OUTBOXD_PG_CONNINFO"));
 	char conninfo[512];
@@ -1004,10 +1007,16 @@ start_as_role(const char *role, const char *extra)
 	/* libpq takes the last of a repeated keyword. */
 	snprintf(conninfo, sizeof(conninfo), "%s user=%s", base, role);
 	ck_assert_int_eq(setenv("OUTBOXD_PG_CONNINFO", conninfo, 1), 0);
-	pid = start(extra);
+	pid = start_ttl(ttl_ms, extra);
 	ck_assert_int_eq(setenv("OUTBOXD_PG_CONNINFO", base, 1), 0);
 	free(base);
 	return pid;
+}
+
+static pid_t
+start_as_role(const char *role, const char *extra)
+{
+	return start_as_role_ttl(role, TTL_MS, extra);
 }
 
 /*
@@ -1432,22 +1441,80 @@ expand_chunk_sql(const char *src, const char *name, char *out, size_t size)
 	expand_macro(src, define, "ids", array, NULL, NULL, out, size);
 }
 
-/* daemon/store.c's text, whose SQL macros the plan tests expand. */
+/* A file of the source tree, e.g. daemon/store.c, whose SQL macros the
+ * plan tests expand. */
 static void
-read_store_source(char *src, size_t size)
+read_source(const char *name, char *src, size_t size)
 {
 	char path[512];
 	FILE *f;
 	size_t n;
 
-	snprintf(path, sizeof(path), "%s/daemon/store.c",
-	    tl_env("OUTBOXD_SRCDIR"));
+	snprintf(path, sizeof(path), "%s/%s", tl_env("OUTBOXD_SRCDIR"), name);
 	f = fopen(path, "r");
 	ck_assert_msg(f != NULL, "%s: %s", path, strerror(errno));
 	n = fread(src, 1, size - 1, f);
 	src[n] = '\0';
 	fclose(f);
 }
+
+/*
+ * The advisory lock's holder cannot let it go when the Redis key has
+ * passed to another instance (here the database revoked EXECUTE on
+ * pg_advisory_unlock from PUBLIC, as a hardening script might): it closes
+ * its session, which lets go, and the key's holder leads.  Before, the
+ * session kept the lock, nothing was said, and no instance led until that
+ * session ended.  The first goes on relaying on a new session.
+ */
+START_TEST(test_unlock_refused_closes_the_session)
+{
+	enum { FIRST_TTL = 30000, N = 200 };
+	static char roles[16384];
+	struct tl_amqp *a = tl_amqp_open();
+	pid_t p[2];
+
+	read_source("examples/roles.sql", roles, sizeof(roles));
+	tl_sql(db, "%s", roles);
+	tl_sql(db, "DROP ROLE IF EXISTS outboxd_nounlock");
+	tl_sql(db, "CREATE ROLE outboxd_nounlock LOGIN NOSUPERUSER IN ROLE "
+	    "outbox_relay");
+	tl_sql(db, "REVOKE EXECUTE ON FUNCTION pg_advisory_unlock(bigint) "
+	    "FROM PUBLIC");
+	/* The first renews every 10 s; the second tries every 333 ms. */
+	p[0] = start_as_role_ttl("outboxd_nounlock", FIRST_TTL, NULL);
+	ck_assert(wait_log2(p[0], "leadership acquired", "backend=redis",
+	    20000));
+	p[1] = start_as_role_ttl("outboxd_nounlock", 1000, NULL);
+	ck_assert(wait_log(p[1], "outboxd ready", 30000));
+	for (int64_t deadline = tl_ms() + 20000; lock_pttl() <
+	    FIRST_TTL - 3000; nap_ms(20))
+		ck_assert_msg(tl_ms() < deadline, "the first never renewed");
+	lock_delete();
+	ck_assert_msg(wait_lock_owner(p, 2, NULL, 3000) == p[1],
+	    "the second did not take the key");
+	ck_assert(wait_log(p[1], "another instance holds the postgres "
+	    "advisory lock", 3000));
+	/* The first's renewal finds the key taken and cannot unlock. */
+	ck_assert(wait_log2(p[0], "advisory lock not released",
+	    "permission denied for function pg_advisory_unlock", 20000));
+	ck_assert(wait_log(p[1], "leadership acquired", 10000));
+	ck_assert(log_has(p[0], "leader lock lost"));
+	ck_assert_int_eq(log_count(p[0], "leadership acquired"), 1);
+	/* The first relays on, on a new session. */
+	for (int64_t deadline = tl_ms() + 10000; log_count(p[0],
+	    "postgres connected") < 2; nap_ms(20))
+		ck_assert_msg(tl_ms() < deadline, "the first did not "
+		    "reconnect");
+	tl_queue(a, "leader.nounlock", "", "");
+	enqueue("leader.nounlock", "u", N);
+	ck_assert_int_eq(tl_wait_sql_int(db, N, 30000, COUNT_STATUS(1)), N);
+	tl_sql(db, "GRANT EXECUTE ON FUNCTION pg_advisory_unlock(bigint) TO "
+	    "PUBLIC");
+	ck_assert_int_eq(stop(p[0]), 0);
+	ck_assert_int_eq(stop(p[1]), 0);
+	tl_amqp_close(a);
+}
+END_TEST
 
 /* EXPLAIN sql, custom then generic plan, as one string. */
 static void
@@ -1517,7 +1584,7 @@ START_TEST(test_claim_plan_stays_on_indexes)
 	const char *const names[] = { "claim_all", "claim_new" };
 	const char *const extras[] = { "", " AND m.message_status = 0" };
 
-	read_store_source(src, sizeof(src));
+	read_source("daemon/store.c", src, sizeof(src));
 	expand_macro(src, "#define DUE_PREDICATE", NULL, NULL, NULL, NULL,
 	    due, sizeof(due));
 	tl_sql(db, "INSERT INTO t_transactional_message (message_status, "
@@ -1973,7 +2040,7 @@ START_TEST(test_purge_reads_only_what_it_deletes)
 	ck_assert_int_eq(tl_sql_int(db, "SELECT count(*) FROM"
 	    " t_transactional_message_content"), KEPT);
 
-	read_store_source(src, sizeof(src));
+	read_source("daemon/store.c", src, sizeof(src));
 	expand_chunk_sql(src, "PURGE_SENT", sql, sizeof(sql));
 	tl_sql(db, "PREPARE purge(int8, int4, int8[]) AS %s", sql);
 	explain_sql("EXPLAIN EXECUTE purge(604800000, 1000, '{1,2}')", plan,
@@ -2211,6 +2278,7 @@ main(void)
 	add(s, "purge_locked", test_purge_skips_a_locked_row);
 	add(s, "sweep_in_passes", test_sweep_in_passes);
 	add(s, "refused_rows", test_refused_rows_leave_the_compensation_going);
+	add(s, "unlock_refused", test_unlock_refused_closes_the_session);
 	add(s, "read_committed", test_sessions_read_committed);
 	add(s, "rabbitmq_nodes", test_rabbitmq_node_list_skips_dead_node);
 	add(s, "postgres_multi_host", test_postgres_multi_host_conninfo);
