@@ -19,6 +19,7 @@
 #include <time.h>
 
 #include "log.h"
+#include "metrics.h"
 
 /* Bounded work per tick keeps the relay's batches flowing meanwhile. */
 #define PURGE_CHUNK 1000
@@ -425,9 +426,13 @@ sweep_exhausted(struct leader *l, bool *more)
 	}
 	pass_refusals_log("rows out of retries refused to the sweep",
 	    &refused, &l->sweep_skip);
-	if (swept > 0)
+	if (swept > 0) {
+		/* Rows that never had a try left (max_retry_times 0, or
+		 * lowered) go DEAD here only, not at a relay's mark. */
+		metrics_inc_dead((uint64_t)swept);
 		log_warn("rows out of retries marked dead", "rows=%" PRId64,
 		    swept);
+	}
 	return swept;
 }
 

@@ -1878,17 +1878,23 @@ END_TEST
 START_TEST(test_sweep_in_passes)
 {
 	enum { N = 25000 };
+	char yaml[64], want[64];
+	int port = tl_free_port();
 	pid_t p;
 
 	tl_sql(db, "SELECT outbox_enqueue('', 'leader.sweep', 'x', "
 	    "max_retry_times => 0) FROM generate_series(1, %d)", N);
-	p = start(NULL);
+	snprintf(yaml, sizeof(yaml), "http.listen: \"127.0.0.1:%d\"\n", port);
+	p = start(yaml);
 	ck_assert_int_eq(tl_wait_sql_int(db, N, 60000, "SELECT count(*) FROM "
 	    "t_transactional_message WHERE message_status = 3"), N);
 	ck_assert(wait_log2(p, "rows out of retries marked dead",
 	    "rows=5000", 10000));
 	ck_assert_int_eq(log_count2(p, "rows out of retries marked dead",
 	    "rows=10000", NULL, 0), 2);
+	/* Counted as dead like rows a relay marks (it read 0). */
+	snprintf(want, sizeof(want), "outboxd_messages_dead_total %d\n", N);
+	ck_assert(metrics_show(port, want));
 	ck_assert_int_eq(stop(p), 0);
 }
 END_TEST
