@@ -1352,6 +1352,9 @@ static bool row_specific(const struct store *);
  * row can cause (rolled back to the savepoint, the refusal kept in
  * s->refusal and s->sqlstate), -1 on any other error.
  */
+/* The savepoint before a batch's marks (store_finish). */
+#define MARKS_SAVEPOINT "outboxd_marks"
+
 static int
 part_begin(struct store *s)
 {
@@ -1799,26 +1802,37 @@ write_marks_halving(struct store *s, struct store_mark *marks, size_t n,
 
 /*
  * store_finish()'s second try, after the batch's marks were refused for
- * an error one row can cause: a new transaction in which the refused
- * rows are found by halving the batch, and made DEAD, or left alone.
- * Returns 0 or 1 as store_finish() does, -1 when a statement failed
- * for another reason (rolled back).
+ * an error one row can cause: the refused rows are found by halving the
+ * batch, and made DEAD, or left alone.  locks_held: the transaction is
+ * still open, and is rolled back to the savepoint before the marks,
+ * which keeps the claim's row locks; otherwise (the COMMIT itself
+ * refused) a new transaction locks the rows still as claimed.  Returns
+ * 0 or 1 as store_finish() does, -1 when a statement failed for another
+ * reason (rolled back).
  */
 static int
-write_marks_again(struct store *s, struct store_mark *marks, size_t n)
+write_marks_again(struct store *s, struct store_mark *marks, size_t n,
+    bool locks_held)
 {
 	size_t refused = 0;
 
 	reserve_refusals(s, n);
-	PQclear(PQexec(s->conn, "ROLLBACK"));
 	/* Deferred checks run at each mark, under its savepoint, where the
-	 * COMMIT could not say which row they refused. */
-	if (exec_command(s, "BEGIN") == -1 ||
-	    exec_command(s, "SET CONSTRAINTS ALL IMMEDIATE") == -1)
-		return -1;
-	if (relock_marked_rows(s, marks, n) == -1)
-		return -1;
-	if (write_marks_halving(s, marks, n, false, &refused) == -1)
+	 * COMMIT could not say which row they refused.  A rollback to a
+	 * savepoint undoes SET CONSTRAINTS too. */
+	if (locks_held) {
+		if (exec_command(s, "ROLLBACK TO " MARKS_SAVEPOINT "; "
+		    "SET CONSTRAINTS ALL IMMEDIATE") == -1)
+			return -1;
+	} else {
+		PQclear(PQexec(s->conn, "ROLLBACK"));
+		if (exec_command(s, "BEGIN; SET CONSTRAINTS ALL IMMEDIATE")
+		    == -1 || relock_marked_rows(s, marks, n) == -1)
+			return -1;
+	}
+	/* Held, the locks keep every mark's row as claimed, and the whole
+	 * was just refused: no try of it again. */
+	if (write_marks_halving(s, marks, n, locks_held, &refused) == -1)
 		return -1;
 	if (exec_command(s, "COMMIT") == -1)
 		return -1;
@@ -1829,25 +1843,43 @@ int
 store_finish(struct store *s, struct store_batch *batch,
     struct store_mark *marks, size_t n)
 {
+	bool locks_held = true;
 	int rc;
 
 	for (size_t i = 0; i < n; i++)
 		marks[i].refused = NULL;
+	/*
+	 * The marks go under a savepoint, and deferred checks run before the
+	 * COMMIT: a refusal then leaves the transaction open, and rolling
+	 * back to the savepoint keeps the claim's row locks for the second
+	 * try.  Rolled back whole, the batch's rows, published and confirmed,
+	 * were free and due for a few round trips, and another relay's claim
+	 * took them and published them again.
+	 */
+	if (exec_command(s, "SAVEPOINT " MARKS_SAVEPOINT) == -1) {
+		store_abort(s, batch);
+		return -1;
+	}
 	if (write_marks(s, marks, n) == 0) {
-		release_batch(s, batch);
-		s->in_transaction = false;
-		rc = exec_command(s, "COMMIT");
-		/* A deferred constraint, or a constraint trigger, checks at
-		 * COMMIT, which then rolls the marks back: for one row's
-		 * sake, the whole batch was sent again at every try. */
-		if (rc == 0 || !row_specific(s))
-			return rc;
-		s->in_transaction = true;
+		if (exec_command(s, "SET CONSTRAINTS ALL IMMEDIATE; COMMIT")
+		    == 0) {
+			release_batch(s, batch);
+			s->in_transaction = false;
+			return 0;
+		}
+		if (!row_specific(s)) {
+			store_abort(s, batch);
+			return -1;
+		}
+		/* In error: the checks before the COMMIT refused, and the
+		 * transaction is open; else the COMMIT itself, and it is
+		 * gone. */
+		locks_held = PQtransactionStatus(s->conn) == PQTRANS_INERROR;
 	} else if (!row_specific(s)) {
 		store_abort(s, batch);
 		return -1;
 	}
-	rc = write_marks_again(s, marks, n);
+	rc = write_marks_again(s, marks, n, locks_held);
 	if (rc == -1) {
 		store_abort(s, batch);
 		return -1;

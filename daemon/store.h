@@ -162,9 +162,11 @@ int store_claim(struct store *, const struct store_claim_opts *,
  * the store's error (rolled back: the rows are due again untouched).
  * When the database refuses the batch's marks for an error that one row
  * can cause (a trigger's exception, a constraint; not a timeout, a full
- * disk or a privilege), the marks are written again row by row, in a
- * new transaction, on the rows still as claimed (another session may
- * have taken some meanwhile: those are left to it, as MARK_RELEASE).
+ * disk or a privilege), the refused rows are found by halving, in the
+ * same transaction, the rows still locked (only when the COMMIT itself
+ * refused them, in a new one, on the rows still as claimed: another
+ * session may have taken some meanwhile, which are left to it, as
+ * MARK_RELEASE).
  * A row whose own mark is refused is made DEAD instead, with why in
  * last_error; if even that is refused it is left untouched (RELEASE).
  * Either way its mark's refused is set, and 1 is returned.
