@@ -82,15 +82,18 @@ $(B)/gen/migrations.c: $(SQL_FILES) Makefile
 		echo "sql/: migrations must be ASCII (lines above)" >&2; \
 		exit 1; fi
 	@mkdir -p $(dir $@)
-	@awk 'BEGIN { print "/* Generated from the sql/ files by the Makefile. */"; \
+	@awk 'function cstr(s,  out, c, i) { out = ""; \
+		for (i = 1; i <= length(s); i++) { c = substr(s, i, 1); \
+			if (c == "\\" || c == "\"") out = out "\\"; \
+			out = out c } return out } \
+	BEGIN { print "/* Generated from the sql/ files by the Makefile. */"; \
 		print "#include \"migrations.h\""; \
 		print "const struct migration migrations[] = {" } \
 	FNR == 1 { if (NR > 1) printf "\", %s },\n", online; \
 		online = "0"; n = FILENAME; sub(".*/", "", n); \
 		printf "\t{ \"%s\", \"", n } \
 	/^-- outboxd: online index / { online = "\"" $$5 "\"" } \
-	{ gsub(/\\/, "\\\\"); gsub(/"/, "\\\""); \
-		printf "%s\\n\"\n\t\"", $$0 } \
+	{ printf "%s\\n\"\n\t\"", cstr($$0) } \
 	END { printf "\", %s },\n", online; print "\t{ 0, 0, 0 },"; \
 		print "};" }' \
 		$(SQL_FILES) > $@

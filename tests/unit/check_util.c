@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "migrations.h"
 #include "util.h"
 
 /*
@@ -433,6 +434,45 @@ START_TEST(test_log_line_survives_a_signal)
 }
 END_TEST
 
+/*
+ * Each migration compiled in is its sql/ file, byte for byte: the
+ * Makefile's generator once left a backslash single under mawk (Debian's
+ * awk), so a migration with E'\n' or a regex would have applied other
+ * SQL through `outboxd migrate` than through psql.
+ */
+START_TEST(test_migrations_are_their_files)
+{
+	const char *src = getenv("OUTBOXD_SRCDIR");
+	int n = 0;
+
+	for (const struct migration *m = migrations; m->name != NULL; m++) {
+		char path[512], *text;
+		FILE *f;
+		long len;
+
+		snprintf(path, sizeof(path), "%s/sql/%s", src != NULL ? src :
+		    ".", m->name);
+		f = fopen(path, "rb");
+		ck_assert_msg(f != NULL, "%s: %s", path, strerror(errno));
+		ck_assert_int_eq(fseek(f, 0, SEEK_END), 0);
+		len = ftell(f);
+		ck_assert_int_ge(len, 0);
+		rewind(f);
+		text = calloc(1, (size_t)len + 1);
+		ck_assert_ptr_nonnull(text);
+		ck_assert_int_eq(fread(text, 1, (size_t)len, f), (size_t)len);
+		fclose(f);
+		ck_assert_msg(strcmp(m->sql, text) == 0, "%s differs from "
+		    "its file", m->name);
+		ck_assert_int_eq(m->online_index != NULL,
+		    strstr(text, "-- outboxd: online index ") != NULL);
+		free(text);
+		n++;
+	}
+	ck_assert_int_ge(n, 8);
+}
+END_TEST
+
 int
 main(void)
 {
@@ -453,6 +493,7 @@ main(void)
 	tcase_add_test(tc, test_str_replace_controls);
 	tcase_add_test(tc, test_utf8_seq_len);
 	tcase_add_test(tc, test_log_line_survives_a_signal);
+	tcase_add_test(tc, test_migrations_are_their_files);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
