@@ -1123,8 +1123,11 @@ relay_pipeline(struct relay *r, int64_t until_ms, bool *backlog,
 		}
 		if (cur->state == SIDE_CLAIMED)
 			side_settle(r, cur, broker_await_batch(r->broker));
+		/* A stop or reload asked during that wait ends the run: the
+		 * batch claimed meanwhile goes back unsent.  It went out, a
+		 * second confirm wait on the way to the stop. */
 		if (cur->broker_rc == -1 || broker_blocked_ms(r->broker) > 0 ||
-		    next->state != SIDE_CLAIMED)
+		    next->state != SIDE_CLAIMED || woken(r))
 			break;
 		t = cur;
 		cur = next;

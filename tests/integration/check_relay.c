@@ -6,6 +6,7 @@
 #include <check.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -324,6 +325,68 @@ START_TEST(test_pipelined_relay_overlaps_and_stops_clean)
 	sent = assert_stopped_clean(a, "relay.pipe", first, N);
 	ck_assert_msg(sent > 0 && sent < N, "%lld of %d rows sent before "
 	    "SIGTERM: the test proves nothing", sent, N);
+	tl_amqp_close(a);
+}
+END_TEST
+
+/* A pipelined relay's two batches held with the broker frozen: the one
+ * sent, whose confirms it awaits, and the next one claimed.  Each
+ * session inside a batch is idle in its transaction then; the count of
+ * SUCCESS rows read twice alike says the batch before was marked. */
+static long long
+frozen_with_two_batches(void)
+{
+	long long sent = -1, again;
+
+	for (int64_t deadline = tl_ms() + 10000;; sleep_ms(100, NULL)) {
+		ck_assert_msg(tl_ms() < deadline, "no two batches held");
+		if (tl_sql_int(db, SESSIONS_IN_A_BATCH " AND s.state = "
+		    "'idle in transaction'") != 2) {
+			sent = -1;
+			continue;
+		}
+		again = tl_sql_int(db, COUNT_STATUS(1));
+		if (again == sent)
+			return sent;
+		sent = again;
+	}
+}
+
+/*
+ * SIGTERM while a pipelined relay awaits a batch's confirms, its next
+ * batch claimed: that batch goes back unsent, and only the awaited one
+ * is marked.  The stop was checked only before a claim, so the relay
+ * sent the claimed batch too and awaited its confirms as well: a second
+ * wait on the way to the stop, which a slow broker could stretch past
+ * relay.shutdown_timeout, a confirmed batch then left unmarked.
+ */
+START_TEST(test_pipelined_stop_sends_no_claimed_batch)
+{
+	enum { N = 40000, BATCH = 200 };
+	struct tl_amqp *a = tl_amqp_open();
+	long long first, before, after;
+	pid_t pid;
+
+	tl_queue(a, "relay.pipe.stop", "", "");
+	tl_sql(db, "SELECT outbox_enqueue('', 'relay.pipe.stop', 'msg ' || g) "
+	    "FROM generate_series(1, %d) g", N);
+	first = tl_sql_int(db, "SELECT min(id) FROM t_transactional_message");
+	pid = tl_outboxd_start(PIPELINED);
+	ck_assert_int_ge(tl_wait_sql_int(db, 1000, 30000, "SELECT CASE WHEN "
+	    "count(*) >= 1000 THEN 1000 ELSE 0 END FROM "
+	    "t_transactional_message WHERE message_status = 1"), 1000);
+	tl_rabbitmq_freeze(true);
+	before = frozen_with_two_batches();
+	kill(pid, SIGTERM);
+	ck_assert(tl_signal_taken(pid, SIGTERM, 5000));
+	tl_rabbitmq_freeze(false);
+	ck_assert_int_eq(tl_outboxd_wait(pid, 30000), 0);
+	after = tl_sql_int(db, COUNT_STATUS(1));
+	fprintf(stderr, "relay: pipelined stop marked %lld rows after "
+	    "SIGTERM\n", after - before);
+	ck_assert_int_eq(after - before, BATCH);
+	ck_assert_int_eq(assert_stopped_clean(a, "relay.pipe.stop", first, N),
+	    after);
 	tl_amqp_close(a);
 }
 END_TEST
@@ -861,6 +924,7 @@ main(void)
 	tcase_add_test(tc, test_workers_stop_cleanly_mid_stream);
 	tcase_add_test(tc, test_pipelined_relay_overlaps_and_stops_clean);
 	tcase_add_test(tc, test_pipelined_claim_gives_way_to_a_lock);
+	tcase_add_test(tc, test_pipelined_stop_sends_no_claimed_batch);
 	tcase_add_test(tc, test_bad_rows_fail_alone_and_die);
 	tcase_add_test(tc, test_failure_is_rescheduled_in_future);
 	tcase_add_test(tc, test_schedule_follows_formula_and_cap);
