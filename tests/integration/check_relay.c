@@ -296,6 +296,19 @@ END_TEST
 #define PIPELINED "relay.batch_size: 200\nrelay.workers: 1\n" \
 	"relay.pipeline: true\n"
 
+/* n rows for queue (declared), and a pipelined outboxd to relay them;
+ * *first is the first row's id. */
+static pid_t
+start_pipelined(struct tl_amqp *a, const char *queue, int n,
+    long long *first)
+{
+	tl_queue(a, queue, "", "");
+	tl_sql(db, "SELECT outbox_enqueue('', '%s', 'msg ' || g) FROM "
+	    "generate_series(1, %d) g", queue, n);
+	*first = tl_sql_int(db, "SELECT min(id) FROM t_transactional_message");
+	return tl_outboxd_start(PIPELINED);
+}
+
 /*
  * relay.pipeline: one relay on two sessions.  Its batches overlap in
  * the database (one is claimed or marked while the other is at the
@@ -311,11 +324,7 @@ START_TEST(test_pipelined_relay_overlaps_and_stops_clean)
 	char log[512];
 	pid_t pid;
 
-	tl_queue(a, "relay.pipe", "", "");
-	tl_sql(db, "SELECT outbox_enqueue('', 'relay.pipe', 'msg ' || g) "
-	    "FROM generate_series(1, %d) g", N);
-	first = tl_sql_int(db, "SELECT min(id) FROM t_transactional_message");
-	pid = tl_outboxd_start(PIPELINED);
+	pid = start_pipelined(a, "relay.pipe", N, &first);
 	snprintf(log, sizeof(log), "%s", tl_outboxd_log(pid));
 	ck_assert_int_eq(tl_wait_sql_int(db, 2, 30000, SESSIONS_IN_A_BATCH),
 	    2);
@@ -367,11 +376,7 @@ START_TEST(test_pipelined_stop_sends_no_claimed_batch)
 	long long first, before, after;
 	pid_t pid;
 
-	tl_queue(a, "relay.pipe.stop", "", "");
-	tl_sql(db, "SELECT outbox_enqueue('', 'relay.pipe.stop', 'msg ' || g) "
-	    "FROM generate_series(1, %d) g", N);
-	first = tl_sql_int(db, "SELECT min(id) FROM t_transactional_message");
-	pid = tl_outboxd_start(PIPELINED);
+	pid = start_pipelined(a, "relay.pipe.stop", N, &first);
 	ck_assert_int_ge(tl_wait_sql_int(db, 1000, 30000, "SELECT CASE WHEN "
 	    "count(*) >= 1000 THEN 1000 ELSE 0 END FROM "
 	    "t_transactional_message WHERE message_status = 1"), 1000);
