@@ -95,6 +95,11 @@ struct relay {
 	struct log_limit store_log, broker_log, cycle_log;
 	int64_t failing_since_ms;	/* 0: the last cycle went through */
 	bool last_claim_cut;	/* the last batch was cut by its bytes */
+	/* Idle waits in a row in which rows were due but no claim took
+	 * any, and the time before which no claim tries again unless a
+	 * NOTIFY or a kick comes (idle_timeout). */
+	unsigned due_unclaimed;
+	int64_t unclaimed_until_ms;	/* monotonic; 0: none */
 	/* The batches in hand: sides[0] on the main session; sides[1] on
 	 * the second session of a pipelined relay (store NULL otherwise). */
 	struct side sides[2];
@@ -192,6 +197,9 @@ relay_set_conf(struct relay *r, const struct relay_conf *conf)
 void
 relay_set_retries(struct relay *r, bool on)
 {
+	/* Retries in or out: the rows a claim can take changed. */
+	if (on != r->include_retries)
+		r->unclaimed_until_ms = 0;
 	r->include_retries = on;
 }
 
@@ -508,7 +516,13 @@ cycle_failed(struct relay *r, struct store *failed)
 	 * and more, where a reconnect at once would do. */
 	if (ending || !store_connected(r->store) ||
 	    (failed != NULL && !store_connected(failed))) {
-		r->failing_since_ms = 0;
+		/* Rows held for their refused marks keep it failing, as
+		 * cycle_done does: /healthz said healthy after the
+		 * reconnect, with the rows still held. */
+		if (refused_count(r->refused) == 0)
+			r->failing_since_ms = 0;
+		else if (r->failing_since_ms == 0)
+			r->failing_since_ms = now;
 		return 0;
 	}
 	if (r->failing_since_ms == 0)
@@ -1239,6 +1253,24 @@ nap(struct relay *r, int64_t timeout_ms)
 		    log_quote((char[128]){ 0 }, 128, strerror(errno)));
 }
 
+/* Takes the NOTIFYs read so far: 1 when there were any (new rows: the
+ * next claim need not wait, see idle_timeout), 0 when none, -1 when the
+ * session failed (dropped). */
+static int
+take_notifies(struct relay *r)
+{
+	switch (store_drain_notifies(r->store)) {
+	case -1:
+		store_disconnect(r->store);
+		return -1;
+	case 0:
+		return 0;
+	default:
+		r->unclaimed_until_ms = 0;
+		return 1;
+	}
+}
+
 /* Waits for a NOTIFY on the store's socket, a signal, the wake fd, a
  * kick or timeout_ms. */
 static void
@@ -1261,38 +1293,38 @@ wait_for_work(struct relay *r, int64_t timeout_ms)
 	 * read into libpq's queue, where poll() cannot see it: without this
 	 * check a row committed meanwhile waited up to MIN_IDLE_WAIT_MS or
 	 * the poll interval (bench: p99 354 ms at 1,000 msg/s). */
-	switch (store_drain_notifies(r->store)) {
-	case -1:
-		store_disconnect(r->store);
+	if (take_notifies(r) != 0)
 		return;
-	case 0:
-		break;
-	default:
-		return;
-	}
 	/* poll() skips negative fds: no wake or kick fd, fewer entries. */
 	if (poll(pfd, 3, (int)timeout_ms) == -1 && errno != EINTR) {
 		log_warn("poll failed", "error=%s",
 		    log_quote((char[128]){ 0 }, 128, strerror(errno)));
 		return;
 	}
-	if (pfd[0].revents != 0 && store_drain_notifies(r->store) == -1)
-		store_disconnect(r->store);
+	if (pfd[0].revents != 0)
+		(void)take_notifies(r);
 	/* Read, or a kick would end every later wait at once (a busy loop,
 	 * in standby above all).  Non-blocking: another read may have won. */
-	if (pfd[2].revents != 0)
+	if (pfd[2].revents != 0) {
 		(void)!read(r->kick_fd, &kicks, sizeof(kicks));
+		r->unclaimed_until_ms = 0;	/* a backlog, says the kicker */
+	}
 }
 
 /*
  * How long until there may be work: the next due row or poll_interval.
  * A due row that the claim skipped (held back by per-key ordering, or
- * locked by another instance) must not turn this into a busy loop.
+ * locked by another instance) must not turn this into a busy loop, and
+ * while such rows stay, the wait doubles up to poll_interval: every
+ * claim walks them all, and a key held behind a row in its backoff
+ * (up to backoff.max) kept each relay walking its rows four times a
+ * second, most of a core of PostgreSQL's for 20,000 such rows.
  */
 #define MIN_IDLE_WAIT_MS 250
+#define MAX_IDLE_DOUBLINGS 10
 
 static int64_t
-idle_timeout(struct relay *r, int64_t max_wait_ms)
+idle_timeout(struct relay *r, size_t claimed, int64_t max_wait_ms)
 {
 	int64_t wait = r->conf.poll_interval_ms, due;
 
@@ -1303,15 +1335,29 @@ idle_timeout(struct relay *r, int64_t max_wait_ms)
 		store_disconnect(r->store);
 		return 0;
 	}
-	if (due == 0) {		/* due now, yet this cycle did not claim it */
+	if (due == 0 && claimed == 0) {	/* due, yet no claim took it */
 		/* A row held back for its refused marks is due, and no
 		 * claim takes it before its hold ends. */
-		int64_t held = refused_wait_ms(r->refused, now_mono_ms());
+		int64_t held = refused_wait_ms(r->refused, now_mono_ms()),
+		    skipped = (int64_t)MIN_IDLE_WAIT_MS << (r->due_unclaimed <
+		    MAX_IDLE_DOUBLINGS ? r->due_unclaimed : MAX_IDLE_DOUBLINGS);
 
-		wait = held <= MIN_IDLE_WAIT_MS ? MIN_IDLE_WAIT_MS :
-		    held < wait ? held : wait;
-	} else if (due > 0 && due < wait)
-		wait = due;
+		if (held > skipped)
+			skipped = held;
+		if (skipped < wait)
+			wait = skipped;
+		r->due_unclaimed++;
+		r->unclaimed_until_ms = now_mono_ms() + wait;
+		log_debug("due rows not claimed", "times=%u wait_ms=%" PRId64,
+		    r->due_unclaimed, wait);
+	} else {
+		r->due_unclaimed = 0;
+		r->unclaimed_until_ms = 0;
+		if (due == 0)
+			wait = MIN_IDLE_WAIT_MS;
+		else if (due > 0 && due < wait)
+			wait = due;
+	}
 	return wait < max_wait_ms ? wait : max_wait_ms;
 }
 
@@ -1405,11 +1451,8 @@ relay_step(struct relay *r, int64_t max_wait_ms)
 	 * alarm, of hours, the process grew by some 50 bytes per producer
 	 * commit.  What comes next claims anyway, or waits to: they are
 	 * spent. */
-	if (store_connected(r->store) &&
-	    store_drain_notifies(r->store) == -1) {
-		store_disconnect(r->store);
+	if (store_connected(r->store) && take_notifies(r) == -1)
 		return false;	/* connections_up reconnects next step */
-	}
 	if (broker_blocked_ms(r->broker) > 0) {
 		wait_for_unblock(r, max_wait_ms);
 		return false;
@@ -1417,6 +1460,14 @@ relay_step(struct relay *r, int64_t max_wait_ms)
 	paced = r->cycle_retry_at - now_mono_ms();
 	if (paced > 0) {
 		nap(r, paced < max_wait_ms ? paced : max_wait_ms);
+		tick_broker(r);
+		return false;
+	}
+	/* Due rows that no claim took, and nothing new since: the claim
+	 * waits for its time (idle_timeout), across the caller's turns. */
+	paced = r->unclaimed_until_ms - now_mono_ms();
+	if (r->unclaimed_until_ms != 0 && paced > 0) {
+		wait_for_work(r, paced < max_wait_ms ? paced : max_wait_ms);
 		tick_broker(r);
 		return false;
 	}
@@ -1436,6 +1487,10 @@ relay_step(struct relay *r, int64_t max_wait_ms)
 			return true;
 	} else if (relay_cycle(r, &claimed) == -1)
 		return false;	/* connections_up reconnects next step */
+	if (claimed > 0) {
+		r->due_unclaimed = 0;
+		r->unclaimed_until_ms = 0;
+	}
 	/* A full batch means a backlog: claim again at once.  With per-key
 	 * ordering, a batch holds one row per key, so the next row of each
 	 * key is due right after this one: go again too. */
@@ -1446,10 +1501,10 @@ relay_step(struct relay *r, int64_t max_wait_ms)
 		return false;
 	/* Notifications that arrived during the cycle are for rows it may
 	 * not have seen: drain them, and if any, go round again. */
-	if (store_drain_notifies(r->store) > 0)
+	if (take_notifies(r) > 0)
 		return false;
 	if (store_connected(r->store))
-		wait_for_work(r, idle_timeout(r, max_wait_ms));
+		wait_for_work(r, idle_timeout(r, claimed, max_wait_ms));
 	tick_broker(r);
 	return false;
 }

@@ -1935,8 +1935,9 @@ store_next_due_in(struct store *s, bool include_retries, int64_t *ms)
 	    "next_due_new", 0, NULL, NULL, NULL, 0);
 
 	if (PQresultStatus(res) != PGRES_TUPLES_OK) {
-		set_error(s, "next_due", PQerrorMessage(s->conn));
-		PQclear(res);
+		/* With its SQLSTATE, which says a stale statement or a
+		 * read-only session as for the other statements. */
+		set_result_error(s, res, "next_due");
 		return -1;
 	}
 	if (PQgetisnull(res, 0, 0)) {

@@ -942,6 +942,65 @@ START_TEST(test_deleted_refused_row_clears_health)
 }
 END_TEST
 
+/*
+ * A row whose every mark is refused keeps /healthz failing, also when
+ * the session is lost meanwhile (here at another row's mark, killed by
+ * a trigger): a cycle that failed on a lost session cleared the state,
+ * and /healthz said healthy after the reconnect, with the row held
+ * until its next try (a minute here).
+ */
+START_TEST(test_held_row_keeps_health_failing_across_a_reconnect)
+{
+	char yaml[512], health[256], *log;
+	pid_t pid;
+
+	tl_sql(db, "DROP SEQUENCE IF EXISTS dmn_kill_once");
+	tl_sql(db, "CREATE SEQUENCE dmn_kill_once");
+	tl_sql(db, "CREATE OR REPLACE FUNCTION dmn_held_or_kill()"
+	    " RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+	    " IF OLD.business_key = 'held' THEN"
+	    "  RAISE EXCEPTION 'dmn: mark refused'; END IF;"
+	    " IF OLD.business_key = 'kill' AND nextval('dmn_kill_once') = 1"
+	    " THEN"
+	    "  PERFORM pg_terminate_backend(pg_backend_pid()); END IF;"
+	    " RETURN NEW; END $$");
+	tl_sql(db, "DROP TRIGGER IF EXISTS dmn_held_or_kill ON "
+	    "t_transactional_message");
+	tl_sql(db, "CREATE TRIGGER dmn_held_or_kill BEFORE UPDATE ON"
+	    " t_transactional_message FOR EACH ROW WHEN"
+	    " (OLD.routing_key = 'dmn.heldkill')"
+	    " EXECUTE FUNCTION dmn_held_or_kill()");
+	snprintf(yaml, sizeof(yaml), "http.listen: \"127.0.0.1:%d\"\n"
+	    "redis.key: \"dmn:leader:heldkill\"\nrelay.workers: 1\n"
+	    "relay.poll_interval: 200ms\nreconnect.strategy: fixed\n"
+	    "reconnect.jitter: none\nreconnect.init: 1m\n"
+	    "reconnect.max: 1m\n", http_port());
+	pid = start_with_queue("dmn.heldkill", yaml);
+	log = log_of(pid);
+	/* With a good row in its batch, so that the relay is not paced. */
+	tl_sql(db, "SELECT outbox_enqueue('', 'dmn.heldkill', 'x', "
+	    "business_key => 'held'), outbox_enqueue('', 'dmn.heldkill', "
+	    "'g', business_key => 'good')");
+	ck_assert_msg(wait_log(log, "dmn: mark refused", 1, 20000), "log %s",
+	    log);
+	ck_assert_int_eq(wait_health(503, health, sizeof(health), 20000), 503);
+	/* Another row's mark kills the session; the row goes on the next. */
+	tl_sql(db, "SELECT outbox_enqueue('', 'dmn.heldkill', 'y', "
+	    "business_key => 'kill')");
+	ck_assert_int_eq(tl_wait_sql_int(db, 1, 20000, "SELECT count(*) FROM "
+	    "t_transactional_message WHERE business_key = 'kill' AND "
+	    "message_status = 1"), 1);
+	ck_assert(wait_log(log, "msg=\"postgres connection lost\"", 1, 1000));
+	ck_assert_int_eq(wait_health(200, health, sizeof(health), 3000), 503);
+	ck_assert_msg(strstr(health, "failing") != NULL, "reason: %s", health);
+	tl_sql(db, "DROP TRIGGER dmn_held_or_kill ON t_transactional_message");
+	tl_sql(db, "DROP FUNCTION dmn_held_or_kill()");
+	tl_sql(db, "DROP SEQUENCE dmn_kill_once");
+	ck_assert_int_eq(tl_outboxd_stop(pid, 25000), 0);
+	free(log);
+}
+END_TEST
+
 static int
 cycles_failed(const char *log)
 {
@@ -4033,6 +4092,7 @@ main(void)
 	tcase_add_test(tc, test_stop_reaches_the_workers_at_once);
 	tcase_add_test(tc, test_pipelined_second_session_lost);
 	tcase_add_test(tc, test_deleted_refused_row_clears_health);
+	tcase_add_test(tc, test_held_row_keeps_health_failing_across_a_reconnect);
 	tcase_add_test(tc, test_claim_after_a_column_changes_type);
 	tcase_add_test(tc, test_secrets_never_logged);
 	tcase_add_test(tc, test_password_files_read_at_each_connect);

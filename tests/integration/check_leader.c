@@ -1362,6 +1362,66 @@ START_TEST(test_ordering_off_delivers_all)
 }
 END_TEST
 
+/*
+ * Per-key ordering, a key held behind a row in its backoff (an hour
+ * here): the rows behind it are due, yet no claim takes them, and each
+ * relay claimed again every 250 ms, or at each turn of its loop, walking
+ * all of them (a review saw most of a core of PostgreSQL's for 20,000
+ * rows).  Now the claims wait twice as long each time, up to
+ * relay.poll_interval, and a new row's NOTIFY still wakes a relay at
+ * once.  The key goes on once its head row goes.
+ */
+START_TEST(test_held_key_backs_the_idle_claims_off)
+{
+	enum { N = 100 };
+	struct tl_amqp *a = tl_amqp_open();
+	amqp_connection_state_t adm = admin_open();
+	char yaml[512];
+	pid_t p;
+
+	amqp_exchange_delete(adm, 1, amqp_cstring_bytes("leader.held"), 0);
+	admin_ok(adm, "exchange.delete");
+	tl_queue(a, "leader.held", "", "");
+	tl_queue(a, "leader.other", "", "");
+	tl_consume(a, "leader.other");
+	tl_sql(db, "SELECT outbox_enqueue('leader.held', 'leader.held', "
+	    "'head', business_key => 'k', init_backoff => '1 hour')");
+	/* poll_interval 4 s: waits of 250, 500, 1000, 2000, then 4000. */
+	snprintf(yaml, sizeof(yaml), "redis.key: \"%s\"\nredis.ttl: %dms\n"
+	    "relay.poll_interval: 4s\nrelay.ordering: business_key\n"
+	    "log.level: debug\n", lock_key, TTL_MS);
+	p = tl_outboxd_start(yaml);
+	registry_add(p, tl_outboxd_log(p));
+	ck_assert_int_eq(tl_wait_sql_int(db, 1, 30000, COUNT_STATUS(2)), 1);
+	tl_sql(db, "SELECT outbox_enqueue('', 'leader.held', 'm ' || g, "
+	    "business_key => 'k') FROM generate_series(1, %d) g", N);
+	ck_assert(wait_log2(p, "due rows not claimed", "wait_ms=4000", 20000));
+	/* Each relay reached the fifth wait in 3.75 s, not the fifteenth. */
+	ck_assert_int_eq(log_count2(p, "due rows not claimed", "times=9 ",
+	    NULL, 0), 0);
+	ck_assert_int_eq(tl_sql_int(db, COUNT_STATUS(1)), 0);
+	/* A new row of another key is sent at once all the same. */
+	tl_sql(db, "SELECT outbox_enqueue('', 'leader.other', 'other', "
+	    "business_key => 'other')");
+	ck_assert_int_eq(tl_wait_sql_int(db, 1, 2000, COUNT_STATUS(1)), 1);
+	/* The head row can go, and is due now: it goes, its key after it. */
+	amqp_exchange_declare(adm, 1, amqp_cstring_bytes("leader.held"),
+	    amqp_cstring_bytes("direct"), 0, 1, 0, 0, amqp_empty_table);
+	admin_ok(adm, "exchange.declare");
+	amqp_queue_bind(adm, 1, amqp_cstring_bytes("leader.held"),
+	    amqp_cstring_bytes("leader.held"), amqp_cstring_bytes("leader.held"),
+	    amqp_empty_table);
+	admin_ok(adm, "queue.bind");
+	tl_sql(db, "UPDATE t_transactional_message SET next_schedule_time = "
+	    "now() WHERE message_status = 2");
+	ck_assert_int_eq(tl_wait_sql_int(db, N + 2, 30000, COUNT_STATUS(1)),
+	    N + 2);
+	ck_assert_int_eq(stop(p), 0);
+	amqp_destroy_connection(adm);
+	tl_amqp_close(a);
+}
+END_TEST
+
 /* --- the claim's plan ---------------------------------------------------- */
 
 /* Appends a C string literal's text at *p (past the opening quote). */
@@ -2275,6 +2335,7 @@ main(void)
 	add(s, "standby_wakeups", test_standby_drops_wakeups);
 	add(s, "ordering_on", test_ordering_by_key_holds_with_failures);
 	add(s, "ordering_off", test_ordering_off_delivers_all);
+	add(s, "held_key", test_held_key_backs_the_idle_claims_off);
 	add(s, "claim_plan", test_claim_plan_stays_on_indexes);
 	add(s, "claim_plan_stale_stats",
 	    test_claim_reads_its_batch_after_an_empty_table);
