@@ -402,14 +402,19 @@ sweep_exhausted(struct leader *l, bool *more)
 {
 	struct pass_refusals refused = { 0 };
 	int64_t n = 0, swept = 0;
+	bool lost = false;
 
 	*more = false;
 	skip_list_expire(&l->sweep_skip);
 	for (int i = 0; i < SWEEP_CHUNKS_PER_TICK; i++) {
 		if (store_sweep_exhausted(l->store, SWEEP_CHUNK,
 		    &l->sweep_skip.rows, &n) == -1) {
-			if (!store_connected(l->store))
-				return -1;
+			/* The chunks before are DEAD all the same: they are
+			 * counted and said below. */
+			if (!store_connected(l->store)) {
+				lost = true;
+				break;
+			}
 			log_event_limited(&l->sweep_log, LOG_WARN,
 			    "rows out of retries not marked dead", "error=%s",
 			    log_quote((char[600]){ 0 }, 600,
@@ -433,7 +438,7 @@ sweep_exhausted(struct leader *l, bool *more)
 		log_warn("rows out of retries marked dead", "rows=%" PRId64,
 		    swept);
 	}
-	return swept;
+	return lost ? -1 : swept;
 }
 
 static void

@@ -176,6 +176,7 @@ relay_set_conf(struct relay *r, const struct relay_conf *conf)
 	clamp_wait(&r->store_link.retry_at, conf->reconnect.max_ms);
 	clamp_wait(&r->broker_link.retry_at, conf->reconnect.max_ms);
 	clamp_wait(&r->cycle_retry_at, conf->reconnect.max_ms);
+	clamp_wait(&r->unclaimed_until_ms, conf->poll_interval_ms);
 	if (n <= r->cap)
 		return;
 	/* Between steps: no side holds a batch.  The second side only
@@ -699,6 +700,12 @@ side_claim(struct relay *r, struct side *x, int64_t lock_timeout_ms)
 	}
 	x->nmsg = 0;
 	r->last_claim_cut = x->batch.cut_short;
+	/* Rows came: no wait before the next claim (idle_timeout).  Here,
+	 * for a pipelined run's count is only its last claim's. */
+	if (x->batch.n > 0) {
+		r->due_unclaimed = 0;
+		r->unclaimed_until_ms = 0;
+	}
 	for (size_t i = 0; i < x->batch.n; i++) {
 		x->marks[i].id = x->batch.rows[i].id;
 		x->marks[i].kind = MARK_RELEASE;
@@ -1487,10 +1494,6 @@ relay_step(struct relay *r, int64_t max_wait_ms)
 			return true;
 	} else if (relay_cycle(r, &claimed) == -1)
 		return false;	/* connections_up reconnects next step */
-	if (claimed > 0) {
-		r->due_unclaimed = 0;
-		r->unclaimed_until_ms = 0;
-	}
 	/* A full batch means a backlog: claim again at once.  With per-key
 	 * ordering, a batch holds one row per key, so the next row of each
 	 * key is due right after this one: go again too. */

@@ -15,6 +15,7 @@
 #include "log.h"
 #include "migrations.h"
 #include "secret.h"
+#include "util.h"
 
 #define NOTIFY_CHANNEL "outboxd"
 
@@ -220,6 +221,10 @@ struct store {
 	bool leader_lock_held;	/* session advisory lock, see below */
 	size_t n_prepared;	/* this session's statements made so far */
 	bool last_claim_full;	/* a backlog: plan the next claim afresh */
+	/* Monotonic ms until which marks go under a savepoint: the
+	 * database refused one lately (store_finish).  Kept across
+	 * sessions: it is the table's triggers that refuse. */
+	int64_t marks_guarded_until_ms;
 	char error[1024];
 	/* Reused across batches so a steady flow allocates nothing. */
 	struct outbox_row *rows;
@@ -1655,24 +1660,28 @@ cmp_id(const void *a, const void *b)
 }
 
 /*
- * Locks the rows of marks[0..n) that are still as claimed (not sent,
- * not dead, not locked by another session), in the transaction just
- * begun; every other mark becomes MARK_RELEASE.  -1 with the error.
+ * Ends the failed transaction and locks, in a new one, the rows of
+ * marks[0..n) that are still as claimed (not sent, not dead, not locked
+ * by another session); every other mark becomes MARK_RELEASE.  One
+ * round trip: between the ROLLBACK and the lock the rows are free, for
+ * the time the server takes to go from one to the other, where a round
+ * trip each gave another relay's claim the time to take them.  -1 with
+ * the error.
  */
 static int
 relock_marked_rows(struct store *s, struct store_mark *marks, size_t n)
 {
-	static const char sql[] = "SELECT id FROM t_transactional_message"
-	    " WHERE id = ANY($1::int8[]) AND message_status IN (0, 2)"
-	    " ORDER BY id FOR UPDATE SKIP LOCKED";
-	const char *params[1];
+	static const char head[] = "ROLLBACK; BEGIN; SET CONSTRAINTS ALL "
+	    "IMMEDIATE; SELECT id FROM t_transactional_message WHERE id = "
+	    "ANY('{", tail[] = "}'::int8[]) AND message_status IN (0, 2) "
+	    "ORDER BY id FOR UPDATE SKIP LOCKED";
 	PGresult *res;
 	int64_t *locked;
 	size_t nlocked;
 	bool first = true;
 
 	buf_reset(s);
-	buf_add(s, "{", 1);
+	buf_add(s, head, sizeof(head) - 1);
 	for (size_t i = 0; i < n; i++) {
 		if (marks[i].kind == MARK_RELEASE)
 			continue;
@@ -1681,11 +1690,12 @@ relock_marked_rows(struct store *s, struct store_mark *marks, size_t n)
 		first = false;
 		buf_add_int(s, marks[i].id);
 	}
-	buf_add(s, "}", 1);
-	params[0] = s->buf;
-	res = query(s, "relock", sql, 1, params, PGRES_TUPLES_OK);
-	if (res == NULL)
+	buf_add(s, tail, sizeof(tail) - 1);
+	res = PQexec(s->conn, s->buf);
+	if (PQresultStatus(res) != PGRES_TUPLES_OK) {
+		set_result_error(s, res, "relock");
 		return -1;
+	}
 	nlocked = (size_t)PQntuples(res);
 	locked = xcalloc(nlocked + 1, sizeof(*locked));
 	for (size_t k = 0; k < nlocked; k++)
@@ -1803,12 +1813,11 @@ write_marks_halving(struct store *s, struct store_mark *marks, size_t n,
 /*
  * store_finish()'s second try, after the batch's marks were refused for
  * an error one row can cause: the refused rows are found by halving the
- * batch, and made DEAD, or left alone.  locks_held: the transaction is
- * still open, and is rolled back to the savepoint before the marks,
- * which keeps the claim's row locks; otherwise (the COMMIT itself
- * refused) a new transaction locks the rows still as claimed.  Returns
- * 0 or 1 as store_finish() does, -1 when a statement failed for another
- * reason (rolled back).
+ * batch, and made DEAD, or left alone.  locks_held: the marks were
+ * guarded, and the transaction is rolled back to the savepoint before
+ * them, which keeps the claim's row locks; otherwise a new transaction
+ * locks the rows still as claimed.  Returns 0 or 1 as store_finish()
+ * does, -1 when a statement failed for another reason (rolled back).
  */
 static int
 write_marks_again(struct store *s, struct store_mark *marks, size_t n,
@@ -1824,11 +1833,8 @@ write_marks_again(struct store *s, struct store_mark *marks, size_t n,
 		if (exec_command(s, "ROLLBACK TO " MARKS_SAVEPOINT "; "
 		    "SET CONSTRAINTS ALL IMMEDIATE") == -1)
 			return -1;
-	} else {
-		PQclear(PQexec(s->conn, "ROLLBACK"));
-		if (exec_command(s, "BEGIN; SET CONSTRAINTS ALL IMMEDIATE")
-		    == -1 || relock_marked_rows(s, marks, n) == -1)
-			return -1;
+	} else if (relock_marked_rows(s, marks, n) == -1) {
+		return -1;
 	}
 	/* Held, the locks keep every mark's row as claimed, and the whole
 	 * was just refused: no try of it again. */
@@ -1839,24 +1845,35 @@ write_marks_again(struct store *s, struct store_mark *marks, size_t n,
 	return refused > 0 ? 1 : 0;
 }
 
+/*
+ * How long a session's marks stay guarded by a savepoint after the
+ * database last refused one (store_finish).
+ */
+#define MARKS_GUARD_MS (10 * 60 * 1000)
+
 int
 store_finish(struct store *s, struct store_batch *batch,
     struct store_mark *marks, size_t n)
 {
-	bool locks_held = true;
+	bool guarded = now_mono_ms() < s->marks_guarded_until_ms,
+	    locks_held = guarded;
 	int rc;
 
 	for (size_t i = 0; i < n; i++)
 		marks[i].refused = NULL;
 	/*
-	 * The marks go under a savepoint, and deferred checks run before the
-	 * COMMIT: a refusal then leaves the transaction open, and rolling
-	 * back to the savepoint keeps the claim's row locks for the second
-	 * try.  Rolled back whole, the batch's rows, published and confirmed,
-	 * were free and due for a few round trips, and another relay's claim
-	 * took them and published them again.
+	 * Deferred checks run before the COMMIT, in its round trip: a
+	 * refusal there leaves the transaction open, the rows locked, as
+	 * one at a mark does.  Where the database refused a mark lately,
+	 * the marks go under a savepoint too, and rolling back to it keeps
+	 * the claim's row locks for the second try: another relay's claim
+	 * cannot take the published, confirmed rows and publish them
+	 * again.  Not always: a row locked by the transaction and updated
+	 * under its savepoint gets a MultiXact, and one a batch brings
+	 * PostgreSQL's anti-wraparound vacuums of every table of the
+	 * database within days at a busy relay's batch rate.
 	 */
-	if (exec_command(s, "SAVEPOINT " MARKS_SAVEPOINT) == -1) {
+	if (guarded && exec_command(s, "SAVEPOINT " MARKS_SAVEPOINT) == -1) {
 		store_abort(s, batch);
 		return -1;
 	}
@@ -1874,11 +1891,13 @@ store_finish(struct store *s, struct store_batch *batch,
 		/* In error: the checks before the COMMIT refused, and the
 		 * transaction is open; else the COMMIT itself, and it is
 		 * gone. */
-		locks_held = PQtransactionStatus(s->conn) == PQTRANS_INERROR;
+		locks_held = guarded &&
+		    PQtransactionStatus(s->conn) == PQTRANS_INERROR;
 	} else if (!row_specific(s)) {
 		store_abort(s, batch);
 		return -1;
 	}
+	s->marks_guarded_until_ms = now_mono_ms() + MARKS_GUARD_MS;
 	rc = write_marks_again(s, marks, n, locks_held);
 	if (rc == -1) {
 		store_abort(s, batch);

@@ -1960,6 +1960,50 @@ START_TEST(test_sweep_in_passes)
 END_TEST
 
 /*
+ * The session lost in the middle of a sweep (here killed by a trigger
+ * at the second chunk's last row): the first chunk is DEAD all the same,
+ * and counted.  It went uncounted and unsaid: outboxd_messages_dead_total
+ * missed 5,000 rows.
+ */
+START_TEST(test_sweep_cut_off_counts_its_chunks)
+{
+	enum { N = 5010 };
+	char yaml[64], want[64];
+	int port = tl_free_port();
+	pid_t p;
+
+	tl_sql(db, "DROP SEQUENCE IF EXISTS leader_kill_once");
+	tl_sql(db, "CREATE SEQUENCE leader_kill_once");
+	tl_sql(db, "CREATE OR REPLACE FUNCTION leader_kill_sweep()"
+	    " RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+	    " IF nextval('leader_kill_once') = 1 THEN"
+	    "  PERFORM pg_terminate_backend(pg_backend_pid()); END IF;"
+	    " RETURN NEW; END $$");
+	tl_sql(db, "SELECT outbox_enqueue('', 'leader.cutsweep', 'x', "
+	    "max_retry_times => 0) FROM generate_series(1, %d)", N);
+	tl_sql(db, "DROP TRIGGER IF EXISTS leader_kill_sweep ON "
+	    "t_transactional_message");
+	tl_sql(db, "CREATE TRIGGER leader_kill_sweep BEFORE UPDATE ON "
+	    "t_transactional_message FOR EACH ROW WHEN (NEW.message_status = 3 "
+	    "AND OLD.id = %lld) EXECUTE FUNCTION leader_kill_sweep()",
+	    tl_sql_int(db, "SELECT max(id) FROM t_transactional_message"));
+	snprintf(yaml, sizeof(yaml), "http.listen: \"127.0.0.1:%d\"\n", port);
+	p = start(yaml);
+	ck_assert_int_eq(tl_wait_sql_int(db, N, 60000, "SELECT count(*) FROM "
+	    "t_transactional_message WHERE message_status = 3"), N);
+	ck_assert_int_eq(tl_sql_int(db, "SELECT last_value FROM "
+	    "leader_kill_once"), 2);
+	snprintf(want, sizeof(want), "outboxd_messages_dead_total %d\n", N);
+	ck_assert(metrics_show(port, want));
+	ck_assert(log_has(p, "rows=5000"));
+	tl_sql(db, "DROP TRIGGER leader_kill_sweep ON t_transactional_message");
+	tl_sql(db, "DROP FUNCTION leader_kill_sweep()");
+	tl_sql(db, "DROP SEQUENCE leader_kill_once");
+	ck_assert_int_eq(stop(p), 0);
+}
+END_TEST
+
+/*
  * A row out of retries the database refuses to make DEAD (a trigger
  * that raises for it), and the oldest sent row, which it refuses to
  * delete (an application table references it: 23503), each first in
@@ -2344,6 +2388,7 @@ main(void)
 	add(s, "purge_reads", test_purge_reads_only_what_it_deletes);
 	add(s, "purge_locked", test_purge_skips_a_locked_row);
 	add(s, "sweep_in_passes", test_sweep_in_passes);
+	add(s, "sweep_cut_off", test_sweep_cut_off_counts_its_chunks);
 	add(s, "refused_rows", test_refused_rows_leave_the_compensation_going);
 	add(s, "unlock_refused", test_unlock_refused_closes_the_session);
 	add(s, "read_committed", test_sessions_read_committed);

@@ -840,71 +840,109 @@ START_TEST(test_short_claim_wait_leaves_the_marks_theirs)
 }
 END_TEST
 
+/* n rows for relay.locked, the one at index refused (-1: none) with
+ * business_key 'refused'. */
+static void
+enqueue_keyed(int n, int refused)
+{
+	tl_sql(db, "SELECT outbox_enqueue('', 'relay.locked', 'x', "
+	    "business_key => CASE WHEN g = %d THEN 'refused' END) "
+	    "FROM generate_series(1, %d) g", refused + 1, n);
+}
+
+/* Claims n due rows on s, all of them. */
+static void
+claim_all(struct store *s, struct store_batch *batch, struct store_mark *marks,
+    size_t n)
+{
+	struct store_claim_opts opts = { .limit = (int)n,
+		.include_retries = true };
+
+	ck_assert_msg(store_claim(s, &opts, batch) == 0, "claim: %s",
+	    store_error(s));
+	ck_assert_uint_eq(batch->n, n);
+	for (size_t i = 0; i < n; i++)
+		marks[i] = (struct store_mark){ .id = batch->rows[i].id,
+			.kind = MARK_SUCCESS };
+}
+
+/* MultiXact ids taken so far: their counter's distance from the oldest
+ * the database still holds. */
+#define MULTIXACTS "SELECT mxid_age(datminmxid) FROM pg_database WHERE " \
+	"datname = current_database()"
+
 /*
  * The database refuses one row's mark while another session waits for
  * the batch's rows (here a plain FOR UPDATE, so that the wait is sure;
  * another relay's claim, SKIP LOCKED, takes them the same way once
  * free).  The second try began with a ROLLBACK: the waiting session got
  * the rows, published and confirmed, and the second try left them to it
- * (MARK_RELEASE), for another relay to publish again.  Now the refused
- * row is found with the rows still locked.  Both ways a trigger can
- * refuse: at the mark, and at a deferred check before the COMMIT.
+ * (MARK_RELEASE), for another relay to publish again.  Once the database
+ * has refused a mark, the marks go under a savepoint for a while, and
+ * the refused row is found with the rows still locked: both ways a
+ * trigger can refuse, at the mark and at a deferred check before the
+ * COMMIT.  Until then, no savepoint: a batch takes no MultiXact.
  */
 START_TEST(test_refused_mark_keeps_the_rows_locked)
 {
 	enum { N = 20, REFUSED = 4 };
 	static const char *const kind[] = { "", "CONSTRAINT " },
 	    *const when[] = { "", "DEFERRABLE INITIALLY DEFERRED " };
-	struct store_claim_opts opts = { .limit = N, .include_retries = true };
 	struct store_mark marks[N];
 	struct store_batch batch;
 	struct store *s = store_open(0);
 	PGconn *waiter = tl_pg();
+	long long multixacts;
 	PGresult *res;
 
 	tl_sql(db, "CREATE OR REPLACE FUNCTION relay_refuse_mark() RETURNS "
 	    "trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION "
 	    "'relay: mark refused'; END $$");
-	for (int round = 0; round < 2; round++) {
+	/* Nothing refused yet: marks without a savepoint. */
+	enqueue_keyed(N, -1);
+	multixacts = tl_sql_int(db, MULTIXACTS);
+	claim_all(s, &batch, marks, N);
+	ck_assert_int_eq(store_finish(s, &batch, marks, N), 0);
+	ck_assert_int_eq(tl_sql_int(db, MULTIXACTS), multixacts);
+	for (int round = 0; round < 3; round++) {
+		int k = round == 2;
+
 		tl_sql(db, "DROP TRIGGER IF EXISTS relay_refuse_mark ON "
 		    "t_transactional_message");
 		tl_sql(db, "CREATE %sTRIGGER relay_refuse_mark AFTER UPDATE ON "
 		    "t_transactional_message %sFOR EACH ROW WHEN "
 		    "(NEW.business_key = 'refused' AND NEW.message_status = 1) "
-		    "EXECUTE FUNCTION relay_refuse_mark()", kind[round],
-		    when[round]);
-		tl_sql(db, "SELECT outbox_enqueue('', 'relay.locked', 'x', "
-		    "business_key => CASE WHEN g = %d THEN 'refused' END) "
-		    "FROM generate_series(1, %d) g", REFUSED + 1, N);
-		ck_assert_msg(store_claim(s, &opts, &batch) == 0, "claim: %s",
-		    store_error(s));
-		ck_assert_uint_eq(batch.n, N);
-		for (size_t i = 0; i < N; i++)
-			marks[i] = (struct store_mark){ .id = batch.rows[i].id,
-				.kind = MARK_SUCCESS };
-		tl_sql(waiter, "BEGIN");
-		ck_assert_int_eq(PQsendQuery(waiter, "SELECT id FROM "
-		    "t_transactional_message WHERE message_status = 0 "
-		    "FOR UPDATE"), 1);
-		ck_assert_int_eq(tl_wait_sql_int(db, 1, 10000, "SELECT count(*) "
-		    "FROM pg_stat_activity WHERE pid = %d AND wait_event_type "
-		    "= 'Lock'", PQbackendPID(waiter)), 1);
+		    "EXECUTE FUNCTION relay_refuse_mark()", kind[k], when[k]);
+		enqueue_keyed(N, REFUSED);
+		claim_all(s, &batch, marks, N);
+		/* The first refusal, unwatched, makes the marks guarded. */
+		if (round > 0) {
+			tl_sql(waiter, "BEGIN");
+			ck_assert_int_eq(PQsendQuery(waiter, "SELECT id FROM "
+			    "t_transactional_message WHERE message_status = 0 "
+			    "FOR UPDATE"), 1);
+			ck_assert_int_eq(tl_wait_sql_int(db, 1, 10000, "SELECT "
+			    "count(*) FROM pg_stat_activity WHERE pid = %d AND "
+			    "wait_event_type = 'Lock'", PQbackendPID(waiter)), 1);
+		}
 		ck_assert_int_eq(store_finish(s, &batch, marks, N), 1);
 		for (size_t i = 0; i < N; i++)
 			ck_assert_msg(marks[i].kind == (i == REFUSED ? MARK_DEAD :
 			    MARK_SUCCESS), "round %d: mark %zu is %d", round, i,
 			    (int)marks[i].kind);
-		/* The waiter finds the rows sent, and none left to take. */
-		res = PQgetResult(waiter);
-		ck_assert_int_eq(PQresultStatus(res), PGRES_TUPLES_OK);
-		ck_assert_int_eq(PQntuples(res), 0);
-		PQclear(res);
-		while ((res = PQgetResult(waiter)) != NULL)
+		if (round > 0) {
+			/* The waiter finds the rows sent, none to take. */
+			res = PQgetResult(waiter);
+			ck_assert_int_eq(PQresultStatus(res), PGRES_TUPLES_OK);
+			ck_assert_int_eq(PQntuples(res), 0);
 			PQclear(res);
-		tl_sql(waiter, "COMMIT");
+			while ((res = PQgetResult(waiter)) != NULL)
+				PQclear(res);
+			tl_sql(waiter, "COMMIT");
+		}
 		ck_assert_int_eq(tl_sql_int(db, "SELECT count(*) FROM "
 		    "t_transactional_message WHERE message_status = 1"),
-		    (round + 1) * (N - 1));
+		    N + (round + 1) * (N - 1));
 	}
 	tl_sql(db, "DROP TRIGGER relay_refuse_mark ON t_transactional_message");
 	PQfinish(waiter);
