@@ -1662,18 +1662,17 @@ cmp_id(const void *a, const void *b)
 /*
  * Ends the failed transaction and locks, in a new one, the rows of
  * marks[0..n) that are still as claimed (not sent, not dead, not locked
- * by another session); every other mark becomes MARK_RELEASE.  One
- * round trip: between the ROLLBACK and the lock the rows are free, for
- * the time the server takes to go from one to the other, where a round
- * trip each gave another relay's claim the time to take them.  -1 with
- * the error.
+ * by another session); every other mark becomes MARK_RELEASE.  The rows
+ * are free from the error on, which aborted the transaction: one round
+ * trip, where a round trip for each statement gave another relay's
+ * claim three times as long to take them.  -1 with the error.
  */
 static int
 relock_marked_rows(struct store *s, struct store_mark *marks, size_t n)
 {
-	static const char head[] = "ROLLBACK; BEGIN; SET CONSTRAINTS ALL "
-	    "IMMEDIATE; SELECT id FROM t_transactional_message WHERE id = "
-	    "ANY('{", tail[] = "}'::int8[]) AND message_status IN (0, 2) "
+	static const char head[] = "ROLLBACK; BEGIN; " LOCK_FOR_MARKS "; "
+	    "SET CONSTRAINTS ALL IMMEDIATE; SELECT id FROM "
+	    "t_transactional_message WHERE id = ANY('{", tail[] = "}'::int8[]) AND message_status IN (0, 2) "
 	    "ORDER BY id FOR UPDATE SKIP LOCKED";
 	PGresult *res;
 	int64_t *locked;
@@ -1862,16 +1861,17 @@ store_finish(struct store *s, struct store_batch *batch,
 	for (size_t i = 0; i < n; i++)
 		marks[i].refused = NULL;
 	/*
-	 * Deferred checks run before the COMMIT, in its round trip: a
-	 * refusal there leaves the transaction open, the rows locked, as
-	 * one at a mark does.  Where the database refused a mark lately,
-	 * the marks go under a savepoint too, and rolling back to it keeps
-	 * the claim's row locks for the second try: another relay's claim
-	 * cannot take the published, confirmed rows and publish them
-	 * again.  Not always: a row locked by the transaction and updated
-	 * under its savepoint gets a MultiXact, and one a batch brings
-	 * PostgreSQL's anti-wraparound vacuums of every table of the
-	 * database within days at a busy relay's batch rate.
+	 * A refused mark aborts the transaction, and its row locks go at
+	 * once: another relay's claim can take the published, confirmed
+	 * rows and publish them again.  Where the database refused a mark
+	 * lately, the marks go under a savepoint, and a refusal rolls back
+	 * to it, which keeps the claim's row locks for the second try.
+	 * Deferred checks run before the COMMIT, in its round trip, so that
+	 * their refusal is one under the savepoint too.  Not always: a row
+	 * locked by the transaction and updated under its savepoint gets a
+	 * MultiXact, and one a batch brings PostgreSQL's anti-wraparound
+	 * vacuums of every table of the database within days at a busy
+	 * relay's batch rate.
 	 */
 	if (guarded && exec_command(s, "SAVEPOINT " MARKS_SAVEPOINT) == -1) {
 		store_abort(s, batch);
