@@ -1386,18 +1386,18 @@ START_TEST(test_held_key_backs_the_idle_claims_off)
 	tl_consume(a, "leader.other");
 	tl_sql(db, "SELECT outbox_enqueue('leader.held', 'leader.held', "
 	    "'head', business_key => 'k', init_backoff => '1 hour')");
-	/* poll_interval 4 s: waits of 250, 500, 1000, 2000, then 4000. */
+	/* poll_interval 2 s: waits of 250, 500, 1000, then 2000. */
 	snprintf(yaml, sizeof(yaml), "redis.key: \"%s\"\nredis.ttl: %dms\n"
-	    "relay.poll_interval: 4s\nrelay.ordering: business_key\n"
+	    "relay.poll_interval: 2s\nrelay.ordering: business_key\n"
 	    "log.level: debug\n", lock_key, TTL_MS);
 	p = tl_outboxd_start(yaml);
 	registry_add(p, tl_outboxd_log(p));
 	ck_assert_int_eq(tl_wait_sql_int(db, 1, 30000, COUNT_STATUS(2)), 1);
 	tl_sql(db, "SELECT outbox_enqueue('', 'leader.held', 'm ' || g, "
 	    "business_key => 'k') FROM generate_series(1, %d) g", N);
-	ck_assert(wait_log2(p, "due rows not claimed", "wait_ms=4000", 20000));
-	/* Each relay reached the fifth wait in 3.75 s, not the fifteenth. */
-	ck_assert_int_eq(log_count2(p, "due rows not claimed", "times=9 ",
+	ck_assert(wait_log2(p, "due rows not claimed", "wait_ms=2000", 20000));
+	/* Each relay reached the fourth wait in 1.75 s, not the eighth. */
+	ck_assert_int_eq(log_count2(p, "due rows not claimed", "times=8 ",
 	    NULL, 0), 0);
 	ck_assert_int_eq(tl_sql_int(db, COUNT_STATUS(1)), 0);
 	/* A new row of another key is sent at once all the same. */
@@ -1528,7 +1528,7 @@ read_source(const char *name, char *src, size_t size)
  */
 START_TEST(test_unlock_refused_closes_the_session)
 {
-	enum { FIRST_TTL = 30000, N = 200 };
+	enum { FIRST_TTL = 15000, N = 200 };
 	static char roles[16384];
 	struct tl_amqp *a = tl_amqp_open();
 	pid_t p[2];
@@ -1540,7 +1540,7 @@ START_TEST(test_unlock_refused_closes_the_session)
 	    "outbox_relay");
 	tl_sql(db, "REVOKE EXECUTE ON FUNCTION pg_advisory_unlock(bigint) "
 	    "FROM PUBLIC");
-	/* The first renews every 10 s; the second tries every 333 ms. */
+	/* The first renews every 5 s; the second tries every 333 ms. */
 	p[0] = start_as_role_ttl("outboxd_nounlock", FIRST_TTL, NULL);
 	ck_assert(wait_log2(p[0], "leadership acquired", "backend=redis",
 	    20000));

@@ -371,7 +371,7 @@ frozen_with_two_batches(void)
  */
 START_TEST(test_pipelined_stop_sends_no_claimed_batch)
 {
-	enum { N = 40000, BATCH = 200 };
+	enum { N = 10000, BATCH = 200 };
 	struct tl_amqp *a = tl_amqp_open();
 	long long first, before, after;
 	pid_t pid;
