@@ -1960,10 +1960,10 @@ START_TEST(test_sweep_in_passes)
 END_TEST
 
 /*
- * The session lost in the middle of a sweep (here killed by a trigger
- * at the second chunk's last row): the first chunk is DEAD all the same,
- * and counted.  It went uncounted and unsaid: outboxd_messages_dead_total
- * missed 5,000 rows.
+ * The session lost in the middle of a sweep's pass (here killed by a
+ * trigger at the last row, in the pass's sixth chunk of 1,000): the five
+ * chunks before are DEAD all the same, and counted.  They went uncounted
+ * and unsaid: outboxd_messages_dead_total missed 5,000 rows.
  */
 START_TEST(test_sweep_cut_off_counts_its_chunks)
 {
