@@ -1928,6 +1928,28 @@ START_TEST(test_retention_purges_old_sent_rows)
 }
 END_TEST
 
+/* Starts an instance whose /metrics listens on a port of its own. */
+static pid_t
+start_with_metrics(int *port)
+{
+	char yaml[64];
+
+	*port = tl_free_port();
+	snprintf(yaml, sizeof(yaml), "http.listen: \"127.0.0.1:%d\"\n",
+	    *port);
+	return start(yaml);
+}
+
+/* Whether /metrics comes to count n rows made DEAD. */
+static bool
+dead_counted(int port, int n)
+{
+	char want[64];
+
+	snprintf(want, sizeof(want), "outboxd_messages_dead_total %d\n", n);
+	return metrics_show(port, want);
+}
+
 /*
  * 25,000 rows out of retries (an operator lowered max_retry_times over a
  * backlog): the leader sweeps them in passes of at most 10,000, with
@@ -1938,14 +1960,12 @@ END_TEST
 START_TEST(test_sweep_in_passes)
 {
 	enum { N = 25000 };
-	char yaml[64], want[64];
-	int port = tl_free_port();
+	int port;
 	pid_t p;
 
 	tl_sql(db, "SELECT outbox_enqueue('', 'leader.sweep', 'x', "
 	    "max_retry_times => 0) FROM generate_series(1, %d)", N);
-	snprintf(yaml, sizeof(yaml), "http.listen: \"127.0.0.1:%d\"\n", port);
-	p = start(yaml);
+	p = start_with_metrics(&port);
 	ck_assert_int_eq(tl_wait_sql_int(db, N, 60000, "SELECT count(*) FROM "
 	    "t_transactional_message WHERE message_status = 3"), N);
 	ck_assert(wait_log2(p, "rows out of retries marked dead",
@@ -1953,8 +1973,7 @@ START_TEST(test_sweep_in_passes)
 	ck_assert_int_eq(log_count2(p, "rows out of retries marked dead",
 	    "rows=10000", NULL, 0), 2);
 	/* Counted as dead like rows a relay marks (it read 0). */
-	snprintf(want, sizeof(want), "outboxd_messages_dead_total %d\n", N);
-	ck_assert(metrics_show(port, want));
+	ck_assert(dead_counted(port, N));
 	ck_assert_int_eq(stop(p), 0);
 }
 END_TEST
@@ -1968,8 +1987,7 @@ END_TEST
 START_TEST(test_sweep_cut_off_counts_its_chunks)
 {
 	enum { N = 5010 };
-	char yaml[64], want[64];
-	int port = tl_free_port();
+	int port;
 	pid_t p;
 
 	tl_sql(db, "DROP SEQUENCE IF EXISTS leader_kill_once");
@@ -1987,14 +2005,12 @@ START_TEST(test_sweep_cut_off_counts_its_chunks)
 	    "t_transactional_message FOR EACH ROW WHEN (NEW.message_status = 3 "
 	    "AND OLD.id = %lld) EXECUTE FUNCTION leader_kill_sweep()",
 	    tl_sql_int(db, "SELECT max(id) FROM t_transactional_message"));
-	snprintf(yaml, sizeof(yaml), "http.listen: \"127.0.0.1:%d\"\n", port);
-	p = start(yaml);
+	p = start_with_metrics(&port);
 	ck_assert_int_eq(tl_wait_sql_int(db, N, 60000, "SELECT count(*) FROM "
 	    "t_transactional_message WHERE message_status = 3"), N);
 	ck_assert_int_eq(tl_sql_int(db, "SELECT last_value FROM "
 	    "leader_kill_once"), 2);
-	snprintf(want, sizeof(want), "outboxd_messages_dead_total %d\n", N);
-	ck_assert(metrics_show(port, want));
+	ck_assert(dead_counted(port, N));
 	ck_assert(log_has(p, "rows=5000"));
 	tl_sql(db, "DROP TRIGGER leader_kill_sweep ON t_transactional_message");
 	tl_sql(db, "DROP FUNCTION leader_kill_sweep()");
