@@ -700,8 +700,9 @@ side_claim(struct relay *r, struct side *x, int64_t lock_timeout_ms)
 	}
 	x->nmsg = 0;
 	r->last_claim_cut = x->batch.cut_short;
-	/* Rows came: no wait before the next claim (idle_timeout).  Here,
-	 * for a pipelined run's count is only its last claim's. */
+	/* Rows came: no wait before the next claim (idle_timeout).  Reset
+	 * here, not by the caller: a pipelined run reports only its last
+	 * claim's count. */
 	if (x->batch.n > 0) {
 		r->due_unclaimed = 0;
 		r->unclaimed_until_ms = 0;
@@ -1145,8 +1146,8 @@ relay_pipeline(struct relay *r, int64_t until_ms, bool *backlog,
 		if (cur->state == SIDE_CLAIMED)
 			side_settle(r, cur, broker_await_batch(r->broker));
 		/* A stop or reload asked during that wait ends the run: the
-		 * batch claimed meanwhile goes back unsent.  It went out, a
-		 * second confirm wait on the way to the stop. */
+		 * batch claimed meanwhile goes back unsent (it was sent, and
+		 * its confirms awaited, on the way to the stop). */
 		if (cur->broker_rc == -1 || broker_blocked_ms(r->broker) > 0 ||
 		    next->state != SIDE_CLAIMED || woken(r))
 			break;

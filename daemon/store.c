@@ -1664,15 +1664,16 @@ cmp_id(const void *a, const void *b)
  * marks[0..n) that are still as claimed (not sent, not dead, not locked
  * by another session); every other mark becomes MARK_RELEASE.  The rows
  * are free from the error on, which aborted the transaction: one round
- * trip, where a round trip for each statement gave another relay's
- * claim three times as long to take them.  -1 with the error.
+ * trip, where a round trip for each of the four statements gave another
+ * relay's claim four times as long to take them.  -1 with the error.
  */
 static int
 relock_marked_rows(struct store *s, struct store_mark *marks, size_t n)
 {
 	static const char head[] = "ROLLBACK; BEGIN; " LOCK_FOR_MARKS "; "
 	    "SET CONSTRAINTS ALL IMMEDIATE; SELECT id FROM "
-	    "t_transactional_message WHERE id = ANY('{", tail[] = "}'::int8[]) AND message_status IN (0, 2) "
+	    "t_transactional_message WHERE id = ANY('{",
+	    tail[] = "}'::int8[]) AND message_status IN (0, 2) "
 	    "ORDER BY id FOR UPDATE SKIP LOCKED";
 	PGresult *res;
 	int64_t *locked;
@@ -1845,7 +1846,7 @@ write_marks_again(struct store *s, struct store_mark *marks, size_t n,
 }
 
 /*
- * How long a session's marks stay guarded by a savepoint after the
+ * How long a store's marks stay guarded by a savepoint after the
  * database last refused one (store_finish).
  */
 #define MARKS_GUARD_MS (10 * 60 * 1000)
