@@ -433,7 +433,6 @@ run_daemon(struct config *cfg)
 		log_warn("no eventfd for signals", "error=%s",
 		    log_quote((char[128]){ 0 }, 128, strerror(errno)));
 	relay_set_wake_fd(d.relay, signal_wake_fd);
-	install_signals();
 	d.workers = workers_start(cfg->relay.workers - 1,
 	    cfg->relay.mode == RELAY_PARALLEL, &cfg->relay, &cfg->store,
 	    &cfg->broker, d.suspects, d.refused, err, sizeof(err));
@@ -644,6 +643,13 @@ run_command(int argc, char **argv)
 		return cli_backoff(argc - optind, argv + optind);
 	if (strcmp(command, "check") == 0)
 		return config_check_file(path, stdout) == 0 ? 0 : 2;
+	/* A daemon's handlers before anything it does: a SIGHUP (a reload
+	 * soon after a start) or a SIGTERM in the milliseconds it takes to
+	 * read the config and start up ended the process by the default
+	 * action, or, for PID 1 in a container, was dropped.  Now a stop
+	 * that early stops it cleanly and a reload reloads. */
+	if (strcmp(command, "run") == 0)
+		install_signals();
 	load_rc = load_config(&cfg, path);
 	if (load_rc != 0)
 		return config_exit_status(load_rc);

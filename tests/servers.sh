@@ -54,10 +54,13 @@ port_in_use() {
 # not already handed out in this DIR.  rabbitmqctl takes 35672-35682 for
 # itself, so stay clear of it.  Not $(pick_port): PORTS_TAKEN, set in
 # that subshell, was lost, and two servers could draw the same port.
+# SERVERS_PORT_BASE moves the range (10000: 10000-19999), so that two
+# sets of servers started at the same moment (CI's sanitizer steps) can
+# never draw the same free port before either has bound it.
 pick_port() {
 	local p
 	for _ in $(seq 1 200); do
-		p=$((20000 + RANDOM % 10000))
+		p=$((${SERVERS_PORT_BASE:-20000} + RANDOM % 10000))
 		case " ${PORTS_TAKEN:-} " in *" $p "*) continue ;; esac
 		port_in_use "$p" && continue
 		PORTS_TAKEN="${PORTS_TAKEN:-} $p"

@@ -7,6 +7,7 @@
 #include <check.h>
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <poll.h>
 #include <regex.h>
@@ -3182,6 +3183,177 @@ START_TEST(test_signals_reach_the_main_thread)
 }
 END_TEST
 
+/* Where pid's task sleeps (/proc/PID/wchan) into where[size]: "0" while
+ * it runs, and always where the kernel does not say. */
+static void
+task_sleeps_in(pid_t pid, char *where, size_t size)
+{
+	char path[64];
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/wchan", (int)pid);
+	where[0] = '\0';
+	f = fopen(path, "r");
+	if (f == NULL)
+		return;
+	if (fgets(where, (int)size, f) == NULL)
+		where[0] = '\0';
+	fclose(f);
+}
+
+/* Writes text to the FIFO at path once a reader has it open; false if
+ * none did within timeout_ms. */
+static bool
+feed_fifo(const char *path, const char *text, int timeout_ms)
+{
+	int64_t deadline = tl_ms() + timeout_ms;
+	size_t len = strlen(text), done = 0;
+	int fd;
+
+	while ((fd = open(path, O_WRONLY | O_NONBLOCK | O_CLOEXEC)) == -1) {
+		ck_assert_msg(errno == ENXIO, "%s: %s", path, strerror(errno));
+		if (tl_ms() >= deadline)
+			return false;
+		usleep(10 * 1000);
+	}
+	while (done < len) {
+		ssize_t w = write(fd, text + done, len - done);
+
+		if (w == -1 && errno == EAGAIN) {
+			usleep(1000);
+			continue;
+		}
+		ck_assert_msg(w > 0, "%s: %s", path, strerror(errno));
+		done += (size_t)w;
+	}
+	close(fd);
+	return true;
+}
+
+/*
+ * Waits until pid sleeps in the open of a FIFO, waiting for a writer
+ * (wait_for_partner): 1 once it does, 0 if it did not within
+ * timeout_ms, -1 when the kernel does not say where tasks sleep.
+ */
+static int
+wait_open_of_fifo(pid_t pid, int timeout_ms)
+{
+	char where[64] = "";
+	bool said = false;
+
+	for (int64_t deadline = tl_ms() + timeout_ms; tl_ms() < deadline;
+	    usleep(5000)) {
+		task_sleeps_in(pid, where, sizeof(where));
+		said |= where[0] != '\0' && strcmp(where, "0") != 0;
+		if (strcmp(where, "wait_for_partner") == 0)
+			return 1;
+	}
+	if (!said)
+		return -1;
+	fprintf(stderr, "fifo: outboxd sleeps in %s\n", where);
+	return 0;
+}
+
+/*
+ * outboxd started with its config in a FIFO: it waits to read it, the
+ * first thing it does, until the test writes it.  Returns its pid once
+ * it waits there, or 0 when this kernel does not say (then SKIP).
+ */
+static pid_t
+start_on_a_fifo(char *fifo, size_t size, char **text, const char *yaml)
+{
+	char cfg[512];
+	pid_t pid;
+	int waits;
+
+	tl_config_write(cfg, sizeof(cfg), yaml);
+	*text = slurp(cfg);
+	snprintf(fifo, size, "%s.fifo", cfg);
+	ck_assert_int_eq(mkfifo(fifo, 0600), 0);
+	pid = tl_outboxd_start_file(fifo);
+	waits = wait_open_of_fifo(pid, 5000);
+	if (waits == -1) {
+		printf("SKIP: /proc/PID/wchan says nothing here: signals "
+		    "before the config is read are not tried\n");
+		/* Let it read the config, then stop it. */
+		ck_assert(feed_fifo(fifo, *text, 10000));
+		ck_assert_int_eq(tl_outboxd_stop(pid, 25000), 0);
+		return 0;
+	}
+	ck_assert_msg(waits == 1, "outboxd never waited to read its config");
+	return pid;
+}
+
+/* sig to pid while it waits to read its config from fifo; then the
+ * config.  It must live through the signal, and read the config. */
+static void
+signal_then_feed(pid_t pid, int sig, const char *fifo, const char *text)
+{
+	bool taken;
+	int st;
+
+	kill(pid, sig);
+	taken = tl_signal_taken(pid, sig, 5000);
+	st = tl_outboxd_wait(pid, 0);
+	ck_assert_msg(st == -1, "a %s before the config was read ended "
+	    "outboxd (exit %d)", strsignal(sig), st);
+	ck_assert(taken);
+	ck_assert_msg(feed_fifo(fifo, text, 10000), "outboxd did not read its "
+	    "config after a %s (exit %d)", strsignal(sig),
+	    tl_outboxd_wait(pid, 1000));
+}
+
+/*
+ * Signals in the first milliseconds, before the config is read: the
+ * handlers are there from the start.  They were installed only after the
+ * config, the HTTP endpoint and the connections' setup, so that a SIGHUP
+ * then (a reload soon after a start) ended the process by the default
+ * action, and a SIGTERM to PID 1 in a container was dropped.  A FIFO for
+ * the config holds outboxd at that moment for as long as the test needs.
+ */
+START_TEST(test_signals_before_the_config_is_read)
+{
+	char fifo[600], *text, *log;
+	pid_t pid;
+	int st;
+
+	/* A reload that early reloads: the config is read twice. */
+	pid = start_on_a_fifo(fifo, sizeof(fifo), &text,
+	    "redis.key: \"dmn:leader:early\"\n");
+	if (pid == 0) {
+		free(text);
+		return;
+	}
+	log = log_of(pid);
+	signal_then_feed(pid, SIGHUP, fifo, text);
+	/* One copy at a time: a reader still at the first would read on
+	 * into the second. */
+	ck_assert_msg(wait_open_of_fifo(pid, 10000) == 1, "no reload read "
+	    "the config again (exit %d)", tl_outboxd_wait(pid, 1000));
+	ck_assert(feed_fifo(fifo, text, 10000));
+	ck_assert(wait_log(log, "msg=\"config reloaded\"", 1, 10000));
+	ck_assert(wait_log(log, "msg=\"outboxd ready\"", 1, 30000));
+	ck_assert_int_eq(tl_outboxd_stop(pid, 25000), 0);
+	free(log);
+	(void)unlink(fifo);
+
+	/* A stop that early stops it, cleanly, once it has its config. */
+	free(text);
+	pid = start_on_a_fifo(fifo, sizeof(fifo), &text, NULL);
+	ck_assert_int_ne(pid, 0);
+	log = log_of(pid);
+	signal_then_feed(pid, SIGTERM, fifo, text);
+	st = tl_outboxd_wait(pid, 30000);
+	ck_assert_msg(st == 0, "exit %d after an early SIGTERM (log %s)", st,
+	    log);
+	ck_assert_int_eq(log_count(log, "msg=\"outboxd stopped\""), 1);
+	ck_assert_int_eq(log_count(log, "msg=\"outboxd ready\""), 0);
+	free(log);
+	free(text);
+	(void)unlink(fifo);
+}
+END_TEST
+
 /*
  * A stop while PostgreSQL cannot be reached: the wait for the next
  * connect attempt ends at the signal.  It used to run out first: sent
@@ -4075,6 +4247,7 @@ main(void)
 	tcase_add_test(tc, test_repeated_fault_lines_are_limited);
 	tcase_add_test(tc, test_failing_compensation_lines_are_limited);
 	tcase_add_test(tc, test_signals_reach_the_main_thread);
+	tcase_add_test(tc, test_signals_before_the_config_is_read);
 	tcase_add_test(tc, test_stop_while_postgres_is_unreachable);
 	tcase_add_test(tc, test_stop_during_a_mark);
 	tcase_add_test(tc, test_short_lived_sessions_are_paced);

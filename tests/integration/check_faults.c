@@ -41,7 +41,7 @@
 /* Short lock timings, so that a dead leader's key expires quickly. */
 #define BASE_YAML "relay.batch_size: 500\nredis.ttl: 3s\n"
 
-/* Sizes of a run: the default fits in about four minutes. */
+/* Sizes of a run: the default fits in about three minutes. */
 struct plan {
 	bool soak;
 	long long rows;		/* per scenario */
@@ -898,13 +898,13 @@ setup(void)
 	    "synchronous_commit = on', current_database()); END $$");
 	leader_key_delete();
 	plan.soak = s != NULL && strcmp(s, "1") == 0;
-	plan.rows = plan.soak ? 100000 : 20000;
-	plan.stream_s = plan.soak ? 120 : 15;
+	plan.rows = plan.soak ? 100000 : 12000;
+	plan.stream_s = plan.soak ? 120 : 8;
 	plan.kills = plan.soak ? 60 : 10;
 	plan.kill_gap_ms = 2000;
 	plan.leader_kills = plan.soak ? 8 : 3;
 	plan.restarts = plan.soak ? 3 : 1;
-	plan.redis_outage_ms = 10000;
+	plan.redis_outage_ms = plan.soak ? 10000 : 6000;
 	plan.hang_ms = 8000;
 	s = getenv("FAULTS_SEED");
 	seed = s != NULL ? strtoull(s, NULL, 10) :
