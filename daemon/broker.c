@@ -107,15 +107,31 @@ bk_conn_closed_by_broker(struct broker *b, const amqp_connection_close_t *m)
 	    m->reply_code);
 }
 
-/* Answers the broker's channel.close, after which the channel may be
- * opened again. */
+static void bound_stuck_sends(struct broker *, bool on);
+
+/*
+ * Answers the broker's channel.close, after which the channel may be
+ * opened again.  rabbitmq-c waits for room in the socket without a time
+ * limit, and TCP_USER_TIMEOUT is off while the broker blocks us: a
+ * blocked broker reads nothing, so with the send buffer full of a large
+ * batch when its block and a close came, the answer waited for the end
+ * of the alarm (hours), and the relay with it, past its deadline and a
+ * stop.  The user timeout is on for this send: a send that finds room
+ * is done before it matters, one that waits ends at the kernel's next
+ * window probe past the confirm timeout.
+ */
 int
 bk_channel_close_ok(struct broker *b, amqp_channel_t ch)
 {
 	amqp_channel_close_ok_t ok = { 0 };
+	bool blocked = b->blocked_since_ms != 0;
 	int st;
 
+	if (blocked)
+		bound_stuck_sends(b, true);
 	st = amqp_send_method(b->conn, ch, AMQP_CHANNEL_CLOSE_OK_METHOD, &ok);
+	if (blocked && st == AMQP_STATUS_OK)
+		bound_stuck_sends(b, false);
 	if (st != AMQP_STATUS_OK)
 		return bk_conn_lost(b, "channel.close-ok: %s",
 		    amqp_error_string2(st));

@@ -1365,6 +1365,66 @@ START_TEST(test_block_behind_a_channel_close)
 }
 END_TEST
 
+/* Fills the socket's send buffer to the brim, a moment after the batch
+ * began: outboxd stops writing while the socket is not writable, which
+ * leaves room for a small frame; a large message can leave none. */
+static void *
+fill_send_buffer(void *arg)
+{
+	static char junk[64 * 1024];
+	int fd = *(int *)arg;
+
+	sleep_ms(400, NULL);
+	while (send(fd, junk, sizeof(junk), MSG_DONTWAIT | MSG_NOSIGNAL) > 0)
+		;
+	return NULL;
+}
+
+/*
+ * The broker blocks the connection and closes the publishing channel
+ * (the block read first) while the send buffer is full of a large
+ * batch.  The answer to the close, sent by rabbitmq-c with no time
+ * limit and with TCP_USER_TIMEOUT off for the block, waited for room
+ * that a blocked broker never makes: the relay hung until the alarm's
+ * end.  Now the connection goes once the kernel gives up on the shut
+ * window past the confirm timeout, and the batch is left due.
+ */
+START_TEST(test_close_behind_a_block_with_full_buffers)
+{
+	enum { N = 400, CONFIRM_MS = 2000 };
+	static char body[64 * 1024];
+	int64_t t0, took;
+	pthread_t filler;
+	int fd, rc;
+	pid_t fake;
+	struct broker *b = connect_fake_broker("block-close-late", CONFIRM_MS,
+	    &fake);
+
+	/* 25 MB: more than the two sockets' buffers take. */
+	memset(body, 'x', sizeof(body) - 1);
+	for (int i = 0; i < N; i++)
+		msg_set(&msgs[i], 600 + i, "", NULL, "q", body);
+	fd = broker_socket(b);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(pthread_create(&filler, NULL, fill_send_buffer, &fd),
+	    0);
+	t0 = now_mono_ms();
+	rc = broker_publish_batch(b, msgs, N, results);
+	took = now_mono_ms() - t0;
+	ck_assert_int_eq(pthread_join(filler, NULL), 0);
+	fprintf(stderr, "close behind a block: batch ended after %lld ms "
+	    "(rc %d): %s\n", (long long)took, rc, broker_error(b));
+	ck_assert_int_lt(took, 15000 * tl_slowdown());
+	ck_assert(!broker_connected(b));
+	ck_assert_msg(strstr(broker_error(b), "channel.close-ok") != NULL,
+	    "error: %s", broker_error(b));
+	for (int i = 0; i < N; i++)
+		ck_assert_msg(results[i].outcome != BROKER_ACKED, "message %d "
+		    "acked", i);
+	stop_fake_broker(b, fake);
+}
+END_TEST
+
 /*
  * A broker that closes the publishing channel at every round, slowly,
  * for no reason a message could show.  The culprit search sends the
@@ -1490,6 +1550,7 @@ broker_suite(void)
 	tcase_add_test(loss, test_blocked_batch_leaves_nothing_to_the_next);
 	tcase_add_test(loss, test_closing_broker_bounds_the_batch);
 	tcase_add_test(loss, test_block_behind_a_channel_close);
+	tcase_add_test(loss, test_close_behind_a_block_with_full_buffers);
 	tcase_add_test(loss, test_unblock_just_before_the_deadline);
 	tcase_add_test(loss, test_broker_killed);
 	suite_add_tcase(s, loss);

@@ -39,6 +39,12 @@ reason the message could show) and connection.blocked in one segment,
 after which nothing more is read: RabbitMQ's channel and reader send
 the two apart, in either order.
 
+MODE block-close-late: the connect's alarm probes are acked.  At the
+next publish, a batch's first, the fake stops reading; a second later
+(times OUTBOXD_TEST_SLOWDOWN), with the client's socket buffers full of
+the batch, come connection.blocked and then channel.close (406) in one
+segment, after which nothing more is read.
+
 MODE unblock-before-deadline: the connect's alarm probes are acked.
 The next publish, a batch's first, is answered with connection.blocked,
 and 300 ms later (times OUTBOXD_TEST_SLOWDOWN) with
@@ -179,6 +185,16 @@ def serve(sock, mode):
                                         struct.pack(">HH", 60, 40)) +
                                  method(0, 10, 60,
                                         shortstr(b"low on memory")))
+                    time.sleep(3600)        # blocked: reads nothing more
+                elif mode == "block-close-late" and published > 2:
+                    time.sleep(1.0 * SLOWDOWN)  # buffers fill meanwhile
+                    sock.sendall(method(0, 10, 60,
+                                        shortstr(b"low on memory")) +
+                                 method(channel, 20, 40,
+                                        struct.pack(">H", 406) +
+                                        shortstr(b"PRECONDITION_FAILED - "
+                                                 b"unexplained") +
+                                        struct.pack(">HH", 60, 40)))
                     time.sleep(3600)        # blocked: reads nothing more
                 elif mode == "close-at-the-probe":
                     sock.sendall(method(0, 10, 50, struct.pack(">H", 320) +
