@@ -59,6 +59,12 @@ struct leader {
 	int64_t ttl_ms;		/* of the Redis key */
 	int64_t store_down_since;	/* 0 while the store session is up */
 	bool store_was_up;	/* since the start */
+	/* The key's holder whose advisory-lock tries fail on a live
+	 * session: since when, and until when it keeps out of the
+	 * election once it gave the key up (give_up_the_key). */
+	int64_t advisory_failing_since;
+	int64_t aside_until_ms;
+	struct log_limit aside_log;
 	int64_t next_compensation_ms;
 	int64_t next_purge_ms;
 	/* A compensation or advisory-lock try that keeps failing is
@@ -184,8 +190,14 @@ advisory_lock_too(struct leader *l)
 	int rc = hold_advisory_lock(l);
 	bool held = rc == 1;
 
-	if (rc == -1)
+	if (rc == -1) {
+		/* A try the server refused, not a session gone (which
+		 * stand_aside_without_store sees to). */
+		if (store_connected(l->store) && l->advisory_failing_since == 0)
+			l->advisory_failing_since = now_mono_ms();
 		return false;
+	}
+	l->advisory_failing_since = 0;
 	if (!held && !l->fenced)
 		log_warn("leader lock held, but another instance holds the "
 		    "postgres advisory lock: not leading until it lets go",
@@ -237,6 +249,40 @@ stand_aside_without_store(struct leader *l)
 	return true;
 }
 
+/*
+ * The key's holder whose advisory-lock tries fail on a live session
+ * (EXECUTE on pg_try_advisory_lock revoked by a hardening script, "out
+ * of shared memory") cannot lead, yet it renewed the key and so kept
+ * every other instance from leading for as long as its tries failed: no
+ * retries, no sweep, and in single-active mode no delivery.  Like a
+ * holder without its session, it gives the key up after a third of a
+ * ttl of failed tries, and keeps out of the election for a ttl, for an
+ * instance whose try works to take the key.  (If every instance's try
+ * fails, the key goes round and nobody leads; each says why.)  True
+ * when it gave the key up.
+ */
+static bool
+give_up_the_key(struct leader *l)
+{
+	int64_t now = now_mono_ms();
+
+	if (l->advisory_failing_since == 0 ||
+	    now - l->advisory_failing_since < l->ttl_ms / 3)
+		return false;
+	log_event_limited(&l->aside_log, LOG_WARN, "leader lock given up: "
+	    "the postgres advisory lock cannot be taken", "failing_ms=%"
+	    PRId64 " aside_ms=%" PRId64 " error=%s hint=\"an instance that "
+	    "can take it leads meanwhile; outboxd's role needs EXECUTE on "
+	    "pg_try_advisory_lock(bigint)\"", now - l->advisory_failing_since,
+	    l->ttl_ms, log_quote((char[600]){ 0 }, 600,
+	    store_error(l->store)));
+	lock_release(l->lock);
+	l->advisory_failing_since = 0;
+	l->aside_until_ms = now + l->ttl_ms;
+	l->fenced = false;
+	return true;
+}
+
 static void
 update_leadership(struct leader *l)
 {
@@ -248,6 +294,10 @@ update_leadership(struct leader *l)
 	}
 	if (stand_aside_without_store(l))
 		return;
+	if (now_mono_ms() < l->aside_until_ms) {	/* give_up_the_key */
+		set_leader(l, false, LEADER_BACKEND_REDIS);
+		return;
+	}
 	st = lock_tick(l->lock);
 	if (st == LOCK_UNAVAILABLE) {
 		if (l->redis_was_up)
@@ -272,7 +322,13 @@ update_leadership(struct leader *l)
 		set_leader(l, false, LEADER_BACKEND_REDIS);
 		return;
 	}
-	set_leader(l, advisory_lock_too(l), LEADER_BACKEND_REDIS);
+	if (advisory_lock_too(l)) {
+		log_limit_reset(&l->aside_log);
+		set_leader(l, true, LEADER_BACKEND_REDIS);
+		return;
+	}
+	(void)give_up_the_key(l);
+	set_leader(l, false, LEADER_BACKEND_REDIS);
 }
 
 int64_t

@@ -132,7 +132,9 @@ redact(char *s, const char *secret)
 	if (secret == NULL || *secret == '\0')
 		return;
 	n = strlen(secret);
-	while ((p = strstr(s, secret)) != NULL)
+	/* On from past each copy: a password of asterisks is found again
+	 * in its own mask, and the loop never ended. */
+	for (p = s; (p = strstr(p, secret)) != NULL; p += n)
 		memset(p, '*', n);
 }
 

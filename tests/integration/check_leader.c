@@ -577,9 +577,12 @@ setup(void)
 		redisFree(c);
 	db = tl_pg();
 	tl_reset_db(db);
-	/* test_unlock_refused_closes_the_session revokes it. */
+	/* test_unlock_refused_closes_the_session and
+	 * test_try_refused_gives_the_key_up revoke them. */
 	tl_sql(db, "GRANT EXECUTE ON FUNCTION pg_advisory_unlock(bigint) TO "
 	    "PUBLIC");
+	tl_sql(db, "GRANT EXECUTE ON FUNCTION pg_try_advisory_lock(bigint) "
+	    "TO PUBLIC");
 	/* The plan tests turn autovacuum off for their run; one that failed
 	 * half-way must not leave it off for the suites after. */
 	tl_sql(db, "ALTER TABLE t_transactional_message"
@@ -1518,6 +1521,21 @@ read_source(const char *name, char *src, size_t size)
 	fclose(f);
 }
 
+/* A login role in outbox_relay (examples/roles.sql) that may not run
+ * function, revoked from PUBLIC (setup() grants it back). */
+static void
+role_without(const char *role, const char *function)
+{
+	static char roles[16384];
+
+	read_source("examples/roles.sql", roles, sizeof(roles));
+	tl_sql(db, "%s", roles);
+	tl_sql(db, "DROP ROLE IF EXISTS %s", role);
+	tl_sql(db, "CREATE ROLE %s LOGIN NOSUPERUSER IN ROLE outbox_relay",
+	    role);
+	tl_sql(db, "REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC", function);
+}
+
 /*
  * The advisory lock's holder cannot let it go when the Redis key has
  * passed to another instance (here the database revoked EXECUTE on
@@ -1529,17 +1547,10 @@ read_source(const char *name, char *src, size_t size)
 START_TEST(test_unlock_refused_closes_the_session)
 {
 	enum { FIRST_TTL = 15000, N = 200 };
-	static char roles[16384];
 	struct tl_amqp *a = tl_amqp_open();
 	pid_t p[2];
 
-	read_source("examples/roles.sql", roles, sizeof(roles));
-	tl_sql(db, "%s", roles);
-	tl_sql(db, "DROP ROLE IF EXISTS outboxd_nounlock");
-	tl_sql(db, "CREATE ROLE outboxd_nounlock LOGIN NOSUPERUSER IN ROLE "
-	    "outbox_relay");
-	tl_sql(db, "REVOKE EXECUTE ON FUNCTION pg_advisory_unlock(bigint) "
-	    "FROM PUBLIC");
+	role_without("outboxd_nounlock", "pg_advisory_unlock(bigint)");
 	/* The first renews every 5 s; the second tries every 333 ms. */
 	p[0] = start_as_role_ttl("outboxd_nounlock", FIRST_TTL, NULL);
 	ck_assert(wait_log2(p[0], "leadership acquired", "backend=redis",
@@ -1573,6 +1584,39 @@ START_TEST(test_unlock_refused_closes_the_session)
 	ck_assert_int_eq(stop(p[0]), 0);
 	ck_assert_int_eq(stop(p[1]), 0);
 	tl_amqp_close(a);
+}
+END_TEST
+
+/*
+ * The Redis key's holder whose advisory-lock tries are refused (its role
+ * may not EXECUTE pg_try_advisory_lock, as a hardening script might
+ * leave it) gives the key up, and an instance whose try works leads.
+ * Before, the holder renewed the key without leading, and no instance
+ * led for as long as its tries failed: no retries, no sweep, and in
+ * single-active mode no delivery.
+ */
+START_TEST(test_try_refused_gives_the_key_up)
+{
+	enum { TTL = 3000 };
+	pid_t p[2];
+
+	role_without("outboxd_notry", "pg_try_advisory_lock(bigint)");
+	p[0] = start_as_role_ttl("outboxd_notry", TTL, NULL);
+	ck_assert(wait_log2(p[0], "advisory lock failed", "permission denied "
+	    "for function pg_try_advisory_lock", 20000));
+	p[1] = start_ttl(TTL, NULL);
+	ck_assert(wait_log(p[1], "outboxd ready", 30000));
+	ck_assert(wait_log(p[0], "leader lock given up: the postgres advisory "
+	    "lock cannot be taken", 10000));
+	ck_assert_msg(wait_log2(p[1], "leadership acquired", "backend=redis",
+	    15000), "the instance whose try works never led (log %s)",
+	    log_of(p[1]));
+	ck_assert_int_eq(wait_lock_owner(p, 2, NULL, 1000), p[1]);
+	ck_assert_int_eq(log_count(p[0], "leadership acquired"), 0);
+	tl_sql(db, "GRANT EXECUTE ON FUNCTION pg_try_advisory_lock(bigint) TO "
+	    "PUBLIC");
+	ck_assert_int_eq(stop(p[0]), 0);
+	ck_assert_int_eq(stop(p[1]), 0);
 }
 END_TEST
 
@@ -2407,6 +2451,7 @@ main(void)
 	add(s, "sweep_cut_off", test_sweep_cut_off_counts_its_chunks);
 	add(s, "refused_rows", test_refused_rows_leave_the_compensation_going);
 	add(s, "unlock_refused", test_unlock_refused_closes_the_session);
+	add(s, "try_refused", test_try_refused_gives_the_key_up);
 	add(s, "read_committed", test_sessions_read_committed);
 	add(s, "rabbitmq_nodes", test_rabbitmq_node_list_skips_dead_node);
 	add(s, "postgres_multi_host", test_postgres_multi_host_conninfo);

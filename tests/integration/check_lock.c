@@ -996,6 +996,41 @@ START_TEST(test_requirepass)
 }
 END_TEST
 
+/*
+ * A password of asterisks, and an error that holds one (the socket's
+ * path here, through a link named with one): the error's masking found
+ * each copy again in its own mask, and the tick never ended.
+ */
+START_TEST(test_password_of_asterisks)
+{
+	static char stars[] = "*";
+	redisContext *c = priv_admin();
+	char link[128], host[160];
+	struct lock_conf conf;
+	struct lock *bad;
+	int64_t t0;
+
+	admin_ok(c, "CONFIG SET requirepass %s", RIGHT_PASSWORD);
+	snprintf(link, sizeof(link), "%s.*", priv.dir);
+	(void)unlink(link);
+	ck_assert_int_eq(symlink(priv.dir, link), 0);
+	snprintf(host, sizeof(host), "unix:%s/redis.sock", link);
+	conf_init(&conf, host, 0);
+	conf.password = stars;
+	bad = lock_new(&conf);
+	t0 = now_mono_ms();
+	ck_assert_int_eq(lock_tick(bad), LOCK_UNAVAILABLE);
+	ck_assert_int_lt(now_mono_ms() - t0, CONNECT_TIMEOUT_MS + SLACK_MS);
+	ck_assert_msg(strstr(lock_error(bad), "WRONGPASS") != NULL &&
+	    strstr(lock_error(bad), ".*/redis.sock") != NULL, "error: %s",
+	    lock_error(bad));
+	lock_free(bad);
+	(void)unlink(link);
+	admin_ok(c, "CONFIG SET requirepass %s", "");
+	redisFree(c);
+}
+END_TEST
+
 /* A Redis that accepts connections but never answers (SIGSTOP). */
 START_TEST(test_hung_redis_never_blocks)
 {
@@ -1354,6 +1389,7 @@ main(void)
 	tcase_add_test(priv_tc, test_unix_socket);
 	tcase_add_test(priv_tc, test_acl_user);
 	tcase_add_test(priv_tc, test_requirepass);
+	tcase_add_test(priv_tc, test_password_of_asterisks);
 	tcase_add_test(priv_tc, test_hung_redis_never_blocks);
 	tcase_add_test(priv_tc, test_key_outliving_an_outage_is_reclaimed);
 	tcase_add_test(priv_tc, test_set_answered_too_late_is_reclaimed);
