@@ -788,8 +788,11 @@ apply_online(struct store *s, const struct migration *m)
  * close translation) was taken as it was, and migrate said "schema up to
  * date" while claims could never work.  Only what outboxd relies on is
  * checked: every column, the types its SQL needs (NOT deleted, jsonb
- * headers, interval backoff, a due time with a time zone: `timestamp`
- * made due times follow each session's TimeZone, and failed 001's index;
+ * headers, interval backoff, times with a time zone: `timestamp` made due
+ * times follow each session's TimeZone, and failed 001's index; a
+ * create_time without one gave each message an AMQP timestamp off by the
+ * server's UTC offset, and an edit_time without one made `purge
+ * --older-than` follow the TimeZone of the shell it ran from;
  * a domain counts as its base type) and one content row per message (two
  * make every claim fail).
  * The tables are found as the relay's statements find them, through
@@ -799,8 +802,10 @@ apply_online(struct store *s, const struct migration *m)
 #define SCHEMA_PROBLEMS_SQL \
 	"WITH want(tbl, col, typ) AS (VALUES" \
 	" ('t_transactional_message', 'id', NULL)," \
-	" ('t_transactional_message', 'create_time', NULL)," \
-	" ('t_transactional_message', 'edit_time', NULL)," \
+	" ('t_transactional_message', 'create_time'," \
+	"  'timestamp with time zone')," \
+	" ('t_transactional_message', 'edit_time'," \
+	"  'timestamp with time zone')," \
 	" ('t_transactional_message', 'editor', NULL)," \
 	" ('t_transactional_message', 'deleted', 'boolean')," \
 	" ('t_transactional_message', 'current_retry_times', NULL)," \

@@ -60,3 +60,25 @@ AS $fn$
     SELECT outbox_enqueue($1, $2, convert_to($3, 'UTF8'), $4, $5, $6, $7,
                           $8, $9, $10, $11, $12, $13)
 $fn$;
+
+-- Pinned to the outbox tables' own schema, as 008 does (it says why), in
+-- this file too: run again by the psql recipe at an upgrade, the CREATE OR
+-- REPLACE above drops the setting, and producers' calls looked the tables
+-- up on their own search_path again until 008's turn came, or for good if
+-- a migration between stopped the recipe.
+DO $$
+DECLARE
+    home text;
+    sig text;
+BEGIN
+    SELECT n.nspname INTO STRICT home
+        FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE c.oid = 't_transactional_message'::regclass;
+    FOREACH sig IN ARRAY ARRAY['bytea', 'text'] LOOP
+        EXECUTE format('ALTER FUNCTION outbox_enqueue(text, text, %s, text, '
+            'text, text, text, text, jsonb, integer, interval, '
+            'double precision, interval) SET search_path = %I, pg_temp',
+            sig, home);
+    END LOOP;
+END
+$$;

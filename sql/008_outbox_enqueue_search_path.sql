@@ -5,8 +5,8 @@
 -- and one whose path found another t_transactional_message first (the
 -- application's own from before outboxd, say) wrote there, and nothing was
 -- ever relayed.  pg_temp last: no temporary table can stand in either.
--- Run again after 002 (the psql recipe runs every file in order), since
--- CREATE OR REPLACE FUNCTION drops the setting.
+-- 002 now pins it too, for a recipe that runs 002 again; this file is for
+-- databases that had 002 before it did.
 
 DO $$
 DECLARE
