@@ -1514,11 +1514,7 @@ config_load(struct config *c, const char *path, FILE *errs)
 	int fd, rc = -1;
 
 	config_free(c);
-	/* A FIFO's open waits for its writer, and the daemon's handlers
-	 * (SA_RESTART off) cut such waits short. */
-	do
-		fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
-	while (fd == -1 && errno == EINTR);
+	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
 	if (fd == -1) {
 		problem_emit(path, 0, 0, strerror(errno), errs);
 		return -1;

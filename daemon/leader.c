@@ -287,11 +287,15 @@ static void
 update_leadership(struct leader *l)
 {
 	enum lock_state st;
+	int64_t failing_since;
 
 	if (l->lock == NULL) {
 		seek_postgres_leadership(l);
 		return;
 	}
+	/* Failed tries count while they follow one another, key held. */
+	failing_since = l->advisory_failing_since;
+	l->advisory_failing_since = 0;
 	if (stand_aside_without_store(l))
 		return;
 	if (now_mono_ms() < l->aside_until_ms) {	/* give_up_the_key */
@@ -322,6 +326,7 @@ update_leadership(struct leader *l)
 		set_leader(l, false, LEADER_BACKEND_REDIS);
 		return;
 	}
+	l->advisory_failing_since = failing_since;
 	if (advisory_lock_too(l)) {
 		log_limit_reset(&l->aside_log);
 		set_leader(l, true, LEADER_BACKEND_REDIS);
@@ -568,17 +573,23 @@ leader_redis_reconnects(const struct leader *l)
 int64_t
 leader_next_tick_ms(const struct leader *l)
 {
-	int64_t next = 1000;
+	int64_t next = 1000, now = now_mono_ms();
 
-	/* Standing aside for want of a store session, the lock has nothing
-	 * to do however overdue its next step looks. */
-	if (l->lock != NULL && (store_connected(l->store) ||
-	    lock_held(l->lock)) && lock_next_tick_ms(l->lock) < next)
+	/* Standing aside for want of a store session, or after giving the
+	 * key up (give_up_the_key), the lock has nothing to do however
+	 * overdue its next step looks: counted, it asked for a wake-up at
+	 * once, again and again, for the whole time aside. */
+	if (now < l->aside_until_ms) {
+		if (l->aside_until_ms - now < next)
+			next = l->aside_until_ms - now;
+	} else if (l->lock != NULL && (store_connected(l->store) ||
+	    lock_held(l->lock)) && lock_next_tick_ms(l->lock) < next) {
 		next = lock_next_tick_ms(l->lock);
+	}
 	/* Compensation waits for the store; counting it while the store
 	 * is down would ask for a wake-up at once, again and again. */
 	if (l->is_leader && store_connected(l->store)) {
-		int64_t comp = l->next_compensation_ms - now_mono_ms();
+		int64_t comp = l->next_compensation_ms - now;
 		if (comp < next)
 			next = comp;
 	}

@@ -33,6 +33,9 @@
 
 static volatile sig_atomic_t stop_requested;
 static volatile sig_atomic_t reload_requested;
+/* Until `outboxd run` has read its config a stop has nothing to finish
+ * (and the read of a FIFO may never end): it exits at once. */
+static volatile sig_atomic_t config_read;
 /* An eventfd the handlers write: the main relay's waits end on it.  A
  * flag alone was seen only if the signal cut a poll() short; one that
  * came during a claim, a mark or a connect waited for the next wait to
@@ -84,6 +87,11 @@ static void
 on_stop(int sig)
 {
 	(void)sig;
+	if (!config_read) {
+		log_from_signal_handler(LOG_INFO, "msg=\"outboxd stopped "
+		    "before its config was read\"");
+		_exit(0);
+	}
 	/* A second signal means "now": skip the graceful path, and say
 	 * so (an exit 1 with no word sent on-call looking for a cause). */
 	if (stop_requested) {
@@ -428,6 +436,9 @@ run_daemon(struct config *cfg)
 	d.leader = leader_new(&cfg->lock, &cfg->relay, d.store);
 	shutdown_timeout_s = (sig_atomic_t)((cfg->relay.shutdown_timeout_ms +
 	    999) / 1000);
+	/* A stop that came since the config was read had no deadline. */
+	if (stop_requested && shutdown_timeout_s > 0)
+		alarm((unsigned)shutdown_timeout_s);
 	signal_wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 	if (signal_wake_fd == -1)	/* signals then act at a wait's end */
 		log_warn("no eventfd for signals", "error=%s",
@@ -565,6 +576,7 @@ run_command(int argc, char **argv)
 	};
 	const char *command = "run";
 	struct config cfg;
+	sigset_t hup, mask;
 	int opt, rc, load_rc;
 
 	bound_dns_lookups();
@@ -647,10 +659,19 @@ run_command(int argc, char **argv)
 	 * soon after a start) or a SIGTERM in the milliseconds it takes to
 	 * read the config and start up ended the process by the default
 	 * action, or, for PID 1 in a container, was dropped.  Now a stop
-	 * that early stops it cleanly and a reload reloads. */
-	if (strcmp(command, "run") == 0)
+	 * that early stops it (on_stop), and a SIGHUP waits, blocked, for
+	 * the config to be read (no read cut short), then reloads it. */
+	if (strcmp(command, "run") == 0) {
+		sigemptyset(&hup);
+		sigaddset(&hup, SIGHUP);
 		install_signals();
+		sigprocmask(SIG_BLOCK, &hup, &mask);
+	}
 	load_rc = load_config(&cfg, path);
+	if (strcmp(command, "run") == 0) {
+		config_read = load_rc == 0;
+		sigprocmask(SIG_SETMASK, &mask, NULL);
+	}
 	if (load_rc != 0)
 		return config_exit_status(load_rc);
 	if (strcmp(command, "config") == 0) {

@@ -470,9 +470,13 @@ link_up(struct link *l)
 static void
 drop_sessions(struct relay *r)
 {
-	/* Dropped on purpose (read-only, stale statements): the next
-	 * connect is at once, and one that lasted starts the pacing over. */
-	(void)link_lost(&r->store_link);
+	/* Dropped on purpose (read-only, stale statements): a session that
+	 * lasted, or marked a batch, is reconnected at once; a new one that
+	 * failed the same way waits with the pacing.  A trigger's error
+	 * with such a SQLSTATE (0A000 raised, 25006 from a standby through
+	 * dblink) failed every mark of every new session, and the batch
+	 * went out again every few milliseconds. */
+	pace_after_loss(&r->store_link, &r->store_log, "postgres");
 	store_disconnect(r->store);
 	if (r->sides[1].store != NULL)
 		store_disconnect(r->sides[1].store);

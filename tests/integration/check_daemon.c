@@ -1111,9 +1111,11 @@ END_TEST
  * must be paced like a reconnect, not repeated at once: unpaced, the
  * same message went out hundreds of times a second.  Once marks go
  * through, the row is SUCCESS.  (An error one row can cause is
- * check_badrows' test_mark_refused_for_one_row.)
+ * check_badrows' test_mark_refused_for_one_row.)  errcode: what the
+ * trigger raises; health_failing: whether /healthz says so meanwhile.
  */
-START_TEST(test_failing_marks_are_paced)
+static void
+failing_marks_paced(const char *errcode, bool health_failing)
 {
 	char yaml[512], health[256], *log;
 	int64_t first, fourth;
@@ -1122,7 +1124,7 @@ START_TEST(test_failing_marks_are_paced)
 	tl_sql(db, "CREATE OR REPLACE FUNCTION dmn_refuse_mark()"
 	    " RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
 	    " RAISE EXCEPTION 'dmn: mark refused' USING ERRCODE ="
-	    " 'disk_full'; END $$");
+	    " '%s'; END $$", errcode);
 	tl_sql(db, "CREATE TRIGGER dmn_refuse_mark BEFORE UPDATE ON"
 	    " t_transactional_message FOR EACH ROW WHEN"
 	    " (NEW.message_status = 1 AND NEW.routing_key = 'dmn.markfail')"
@@ -1142,12 +1144,16 @@ START_TEST(test_failing_marks_are_paced)
 	fourth = tl_ms();
 	/* reconnect.init 100ms, doubling, equal jitter: the three waits
 	 * between the four failures take at least 350 ms together. */
-	fprintf(stderr, "marks: 4 failures over %lld ms\n",
+	fprintf(stderr, "marks (%s): 4 failures over %lld ms\n", errcode,
 	    (long long)(fourth - first));
 	ck_assert_int_ge(fourth - first, 250);
 	ck_assert_msg(log_count(log, "dmn: mark refused") >= 4, "log %s", log);
-	ck_assert_int_eq(wait_health(503, health, sizeof(health), 20000), 503);
-	ck_assert_msg(strstr(health, "failing") != NULL, "reason: %s", health);
+	if (health_failing) {
+		ck_assert_int_eq(wait_health(503, health, sizeof(health),
+		    20000), 503);
+		ck_assert_msg(strstr(health, "failing") != NULL, "reason: %s",
+		    health);
+	}
 	/* Confirmed four times, marked never: not counted as published
 	 * (it once was, at each confirm). */
 	ck_assert_double_eq(metric_now("outboxd_messages_published_total"),
@@ -1163,6 +1169,26 @@ START_TEST(test_failing_marks_are_paced)
 	tl_sql(db, "DROP FUNCTION dmn_refuse_mark()");
 	check_logfmt(log);
 	free(log);
+}
+
+START_TEST(test_failing_marks_are_paced)
+{
+	failing_marks_paced("disk_full", true);
+}
+END_TEST
+
+/*
+ * The same with an error whose SQLSTATE reads as a stale statement
+ * (0A000, feature_not_supported; a trigger's, or one that came through
+ * dblink or postgres_fdw) or a read-only session (25006): the relay
+ * ends its sessions, which for a session that truly went stale or
+ * read-only is the cure.  The new session's mark failed the same way,
+ * and the batch went out again every few milliseconds: a reconnect of
+ * a session that never marked a batch now waits with the pacing.
+ */
+START_TEST(test_marks_failing_as_stale_are_paced)
+{
+	failing_marks_paced("feature_not_supported", false);
 }
 END_TEST
 
@@ -3246,8 +3272,9 @@ feed_fifo(const char *path, const char *text, int timeout_ms)
 
 /*
  * Waits until pid sleeps in the open of a FIFO, waiting for a writer
- * (wait_for_partner): 1 once it does, 0 if it did not within
- * timeout_ms, -1 when the kernel does not say where tasks sleep.
+ * (wait_for_partner, or fifo_open where that is inlined): 1 once it
+ * does, 0 if it did not within timeout_ms, -1 when the kernel does not
+ * say where tasks sleep.
  */
 static int
 wait_open_of_fifo(pid_t pid, int timeout_ms)
@@ -3259,7 +3286,8 @@ wait_open_of_fifo(pid_t pid, int timeout_ms)
 	    usleep(5000)) {
 		task_sleeps_in(pid, where, sizeof(where));
 		said |= where[0] != '\0' && strcmp(where, "0") != 0;
-		if (strcmp(where, "wait_for_partner") == 0)
+		if (strcmp(where, "wait_for_partner") == 0 ||
+		    strcmp(where, "fifo_open") == 0)
 			return 1;
 	}
 	if (!said)
@@ -3285,7 +3313,7 @@ start_on_a_fifo(char *fifo, size_t size, char **text, const char *yaml)
 	snprintf(fifo, size, "%s.fifo", cfg);
 	ck_assert_int_eq(mkfifo(fifo, 0600), 0);
 	pid = tl_outboxd_start_file(fifo);
-	waits = wait_open_of_fifo(pid, 5000);
+	waits = wait_open_of_fifo(pid, 5000 * tl_slowdown());
 	if (waits == -1) {
 		printf("SKIP: /proc/PID/wchan says nothing here: signals "
 		    "before the config is read are not tried\n");
@@ -3298,25 +3326,6 @@ start_on_a_fifo(char *fifo, size_t size, char **text, const char *yaml)
 	return pid;
 }
 
-/* sig to pid while it waits to read its config from fifo; then the
- * config.  It must live through the signal, and read the config. */
-static void
-signal_then_feed(pid_t pid, int sig, const char *fifo, const char *text)
-{
-	bool taken;
-	int st;
-
-	kill(pid, sig);
-	taken = tl_signal_taken(pid, sig, 5000);
-	st = tl_outboxd_wait(pid, 0);
-	ck_assert_msg(st == -1, "a %s before the config was read ended "
-	    "outboxd (exit %d)", strsignal(sig), st);
-	ck_assert(taken);
-	ck_assert_msg(feed_fifo(fifo, text, 10000), "outboxd did not read its "
-	    "config after a %s (exit %d)", strsignal(sig),
-	    tl_outboxd_wait(pid, 1000));
-}
-
 /*
  * Signals in the first milliseconds, before the config is read: the
  * handlers are there from the start.  They were installed only after the
@@ -3327,11 +3336,11 @@ signal_then_feed(pid_t pid, int sig, const char *fifo, const char *text)
  */
 START_TEST(test_signals_before_the_config_is_read)
 {
-	char fifo[600], *text, *log;
+	char fifo[600], tid[32], *text, *log;
 	pid_t pid;
 	int st;
 
-	/* A reload that early reloads: the config is read twice. */
+	/* A SIGHUP waits for the config, then reloads it: read twice. */
 	pid = start_on_a_fifo(fifo, sizeof(fifo), &text,
 	    "redis.key: \"dmn:leader:early\"\n");
 	if (pid == 0) {
@@ -3339,7 +3348,14 @@ START_TEST(test_signals_before_the_config_is_read)
 		return;
 	}
 	log = log_of(pid);
-	signal_then_feed(pid, SIGHUP, fifo, text);
+	snprintf(tid, sizeof(tid), "%d", (int)pid);
+	ck_assert_msg(task_blocked(pid, tid) & (1ULL << (SIGHUP - 1)), "a "
+	    "SIGHUP would not wait for the config: SigBlk %llx",
+	    task_blocked(pid, tid));
+	kill(pid, SIGHUP);
+	ck_assert_msg(!tl_signal_taken(pid, SIGHUP, 0), "the SIGHUP did not "
+	    "wait for the config");
+	ck_assert(feed_fifo(fifo, text, 10000));
 	/* One copy at a time: a reader still at the first would read on
 	 * into the second. */
 	ck_assert_msg(wait_open_of_fifo(pid, 10000) == 1, "no reload read "
@@ -3349,19 +3365,20 @@ START_TEST(test_signals_before_the_config_is_read)
 	ck_assert(wait_log(log, "msg=\"outboxd ready\"", 1, 30000));
 	ck_assert_int_eq(tl_outboxd_stop(pid, 25000), 0);
 	free(log);
+	free(text);
 	(void)unlink(fifo);
 
-	/* A stop that early stops it, cleanly, once it has its config. */
-	free(text);
+	/* A SIGTERM ends it at once, cleanly: nothing is started yet, and
+	 * a FIFO may never be written. */
 	pid = start_on_a_fifo(fifo, sizeof(fifo), &text, NULL);
 	ck_assert_int_ne(pid, 0);
 	log = log_of(pid);
-	signal_then_feed(pid, SIGTERM, fifo, text);
-	st = tl_outboxd_wait(pid, 30000);
-	ck_assert_msg(st == 0, "exit %d after an early SIGTERM (log %s)", st,
-	    log);
-	ck_assert_int_eq(log_count(log, "msg=\"outboxd stopped\""), 1);
-	ck_assert_int_eq(log_count(log, "msg=\"outboxd ready\""), 0);
+	kill(pid, SIGTERM);
+	st = tl_outboxd_wait(pid, 5000);
+	ck_assert_msg(st == 0, "exit %d after a SIGTERM before the config was "
+	    "read", st);
+	ck_assert_int_eq(log_count(log, "msg=\"outboxd stopped before its "
+	    "config was read\""), 1);
 	free(log);
 	free(text);
 	(void)unlink(fifo);
@@ -4270,6 +4287,7 @@ main(void)
 	tcase_add_test(tc, test_prepare_cut_short_by_a_lock);
 	tcase_add_test(tc, test_lock_blocking_marks_holds_the_claim);
 	tcase_add_test(tc, test_failing_marks_are_paced);
+	tcase_add_test(tc, test_marks_failing_as_stale_are_paced);
 	tcase_add_test(tc, test_memory_alarm_holds_the_relay);
 	tcase_add_test(tc, test_alarm_before_connecting_holds_every_row);
 	tcase_add_test(tc, test_frozen_broker_bounds_a_large_batch);

@@ -237,46 +237,6 @@ wait_log_lines(pid_t pid, const char *needle, const char *needle2, int had,
  * name in field 2 may hold spaces and parentheses: count from its last
  * ')'.
  */
-static long long
-cpu_ticks(pid_t pid)
-{
-	char path[64], buf[1024], *p;
-	unsigned long long ut, st;
-	size_t n;
-	FILE *f;
-
-	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-	f = fopen(path, "r");
-	if (f == NULL)
-		return -1;
-	n = fread(buf, 1, sizeof(buf) - 1, f);
-	fclose(f);
-	buf[n] = '\0';
-	p = strrchr(buf, ')');
-	/* state (3), ppid to tpgid (4-8), flags to cmajflt (9-13). */
-	if (p == NULL || sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %*u "
-	    "%*u %*u %*u %llu %llu", &ut, &st) != 2)
-		return -1;
-	return (long long)(ut + st);
-}
-
-/* The share of one core pid used over the next window_ms (0.10 = 10 %):
- * the window is the measurement, not a wait for anything. */
-static double
-cpu_share(pid_t pid, int window_ms)
-{
-	long long t0 = cpu_ticks(pid), t1;
-	int64_t w0 = tl_ms(), w1;
-
-	nap_ms(window_ms);
-	t1 = cpu_ticks(pid);
-	w1 = tl_ms();
-	ck_assert_msg(t0 >= 0 && t1 >= 0, "cannot read /proc/%d/stat",
-	    (int)pid);
-	return (double)(t1 - t0) / (double)sysconf(_SC_CLK_TCK) /
-	    ((double)(w1 - w0) / 1000.0);
-}
-
 /* --- Redis ---------------------------------------------------------------- */
 
 static redisContext *
@@ -1191,7 +1151,7 @@ servers_down_idle(const char *name, bool broker_too)
 	ck_assert_msg(wait_log_lines(pid, "postgres unavailable", NULL, had,
 	    30000), "%s: outboxd did not notice postgres stop (log %s)", name,
 	    tl_outboxd_log(pid));
-	cpu = cpu_share(pid, CPU_WINDOW_MS);
+	cpu = tl_cpu_share(pid, CPU_WINDOW_MS);
 	still_leader = token_owner(&pid, 1, leader_token(tok, sizeof(tok)))
 	    == 0;
 	fprintf(stderr, "faults: scenario=%s cpu_while_down=%.1f%% "

@@ -1598,6 +1598,7 @@ END_TEST
 START_TEST(test_try_refused_gives_the_key_up)
 {
 	enum { TTL = 3000 };
+	double cpu;
 	pid_t p[2];
 
 	role_without("outboxd_notry", "pg_try_advisory_lock(bigint)");
@@ -1608,6 +1609,12 @@ START_TEST(test_try_refused_gives_the_key_up)
 	ck_assert(wait_log(p[1], "outboxd ready", 30000));
 	ck_assert(wait_log(p[0], "leader lock given up: the postgres advisory "
 	    "lock cannot be taken", 10000));
+	/* Aside for a ttl, it sleeps: it spun, asking for a wake-up at
+	 * once, again and again. */
+	cpu = tl_cpu_share(p[0], 1000);
+	fprintf(stderr, "try refused: the instance aside used %.1f%% of a "
+	    "core\n", cpu * 100);
+	ck_assert_double_lt(cpu, 0.1);
 	ck_assert_msg(wait_log2(p[1], "leadership acquired", "backend=redis",
 	    15000), "the instance whose try works never led (log %s)",
 	    log_of(p[1]));

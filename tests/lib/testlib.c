@@ -1030,6 +1030,45 @@ tl_rabbitmq_freeze(bool freeze)
 	    "not stop", pid);
 }
 
+/* User and system time of pid in clock ticks, or -1. */
+static long long
+cpu_ticks(pid_t pid)
+{
+	char path[64], buf[1024], *p;
+	unsigned long long ut, st;
+	size_t n;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	f = fopen(path, "r");
+	if (f == NULL)
+		return -1;
+	n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = '\0';
+	p = strrchr(buf, ')');
+	/* state (3), ppid to tpgid (4-8), flags to cmajflt (9-13). */
+	if (p == NULL || sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %*u "
+	    "%*u %*u %*u %llu %llu", &ut, &st) != 2)
+		return -1;
+	return (long long)(ut + st);
+}
+
+double
+tl_cpu_share(pid_t pid, int window_ms)
+{
+	long long t0 = cpu_ticks(pid), t1;
+	int64_t w0 = tl_ms(), w1;
+
+	nap_ms(window_ms);
+	t1 = cpu_ticks(pid);
+	w1 = tl_ms();
+	ck_assert_msg(t0 >= 0 && t1 >= 0, "cannot read /proc/%d/stat",
+	    (int)pid);
+	return (double)(t1 - t0) / (double)sysconf(_SC_CLK_TCK) /
+	    ((double)(w1 - w0) / 1000.0);
+}
+
 long
 tl_proc_kib(pid_t pid, const char *field)
 {

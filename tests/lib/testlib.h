@@ -145,6 +145,9 @@ bool tl_port_open(int port);
 int tl_sockopt(int fd, int level, int name);
 /* A "Vm…:" field of /proc/PID/status ("VmRSS", "VmHWM") in KiB. */
 long tl_proc_kib(pid_t, const char *field);
+/* The share of one core pid used over the next window_ms (0.10 = 10 %):
+ * the window is the measurement, not a wait for anything. */
+double tl_cpu_share(pid_t, int window_ms);
 /* A loopback TCP port that nothing is bound to now, from the kernel:
  * for a listener a test starts, so that nothing left from an earlier
  * test or suite can hold it. */
