@@ -16,6 +16,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <libpq-fe.h>
@@ -92,7 +93,7 @@ const struct key cfg_keys[] = {
 	{ .name = "rabbitmq.nodes", .type = T_NODES, .off = OFF(broker),
 	  .def = "127.0.0.1:5672", .port = 5672 },
 	{ .name = "rabbitmq.vhost", .type = T_STRING, .flags = F_NONEMPTY,
-	  .off = OFF(broker.vhost), .def = "/" },
+	  .off = OFF(broker.vhost), .def = "/", .max = 255 },
 	{ .name = "rabbitmq.user", .type = T_STRING, .flags = F_NONEMPTY,
 	  .off = OFF(broker.user), .def = "guest" },
 	{ .name = "rabbitmq.password", .type = T_SECRET, .group = 2,
@@ -477,6 +478,14 @@ value_set(struct config *c, const struct key *k, const char *s, char *why,
 			strfmt(why, whysz, "must not be empty");
 			return -1;
 		}
+		/* A protocol's limit (an AMQP shortstr): past it every
+		 * connect failed, after a `check` that said OK. */
+		if (k->type == T_STRING && k->max > 0 &&
+		    (int64_t)strlen(s) > k->max) {
+			strfmt(why, whysz, "is %zu bytes long, at most %" PRId64
+			    " allowed", strlen(s), k->max);
+			return -1;
+		}
 		/* A relative path was found where `outboxd check` ran and
 		 * then not by the service, which runs in / (systemd). The
 		 * value of a password_file is not echoed: a password may
@@ -618,6 +627,16 @@ value_set(struct config *c, const struct key *k, const char *s, char *why,
 			if (s[5] != '/') {
 				strfmt(why, whysz, "a unix socket path must "
 				    "be absolute, got %s", q);
+				return -1;
+			}
+			/* hiredis cuts a longer one short, and connects to
+			 * another path than the logs name. */
+			if (strlen(s + 5) >= sizeof(((struct sockaddr_un *)
+			    NULL)->sun_path)) {
+				strfmt(why, whysz, "a unix socket path must be "
+				    "shorter than %zu bytes, got %zu",
+				    sizeof(((struct sockaddr_un *)NULL)->
+				    sun_path), strlen(s + 5));
 				return -1;
 			}
 			host = xstrdup(s);
@@ -949,12 +968,26 @@ key_check(struct loader *L, int ki, yaml_node_t *kn, yaml_node_t *vn)
 	sn->given = true;
 }
 
+/*
+ * More keys in one mapping than any file needs: every key spelled out
+ * flat is under a hundred.  The duplicate check compares each key with
+ * those before it, and a 1 MiB file of short keys made that minutes of
+ * CPU, at a `check` and, through SIGHUP, on the main loop (the watchdog
+ * then killed the daemon).
+ */
+#define MAPPING_KEYS_MAX 1000
+
 static void
 walk(struct loader *L, yaml_node_t *map, const char *prefix)
 {
 	yaml_node_pair_t *pairs = map->data.mapping.pairs.start;
 	size_t n = (size_t)(map->data.mapping.pairs.top - pairs);
 
+	if (n > MAPPING_KEYS_MAX) {
+		problem(L, &map->start_mark, "a mapping of %zu keys: at most "
+		    "%d are allowed", n, MAPPING_KEYS_MAX);
+		return;
+	}
 	for (size_t i = 0; i < n; i++) {
 		yaml_node_t *kn = node_get(L, pairs[i].key);
 		yaml_node_t *vn = node_get(L, pairs[i].value);

@@ -383,6 +383,10 @@ END_TEST
 
 /* ---- every type, good and bad, one key at a time ---- */
 
+/* Long values, for the length limits. */
+#define L50 "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"
+#define L100 L50 L50
+
 /*
  * want is the key's dump line when the value loads, or, after '!', the
  * exact error message (after "t.yml:L:C: ") when it does not.
@@ -617,6 +621,16 @@ static const struct value_case {
 	    "must be absolute, got \"unix:\"" },
 	{ "redis.address", "\"\"", "!redis.address: expected \"host:port\", "
 	    "got \"\"" },
+	/* sun_path holds 107 bytes and a NUL: hiredis cut longer ones. */
+	{ "redis.address", "unix:/" L100 "xxxxxx", "redis.address: \"unix:/"
+	    L100 "xxxxxx\"" },
+	{ "redis.address", "unix:/" L100 "xxxxxxx", "!redis.address: a unix "
+	    "socket path must be shorter than 108 bytes, got 108" },
+	/* An AMQP shortstr: longer, every connect failed. */
+	{ "rabbitmq.vhost", L100 L100 "x" L50 "xxxx", "rabbitmq.vhost: \""
+	    L100 L100 "x" L50 "xxxx\"" },
+	{ "rabbitmq.vhost", L100 L100 "xx" L50 "xxxx", "!rabbitmq.vhost: is "
+	    "256 bytes long, at most 255 allowed" },
 	/* listen */
 	{ "http.listen", "\"0.0.0.0:80\"", "http.listen: \"0.0.0.0:80\"" },
 	{ "http.listen", "\"[::]:9187\"", "http.listen: \"[::]:9187\"" },
@@ -833,6 +847,29 @@ START_TEST(test_nodes_limit)
 	assert_errors("rabbitmq:\n  nodes: [a, [b]]\n",
 	    "t.yml:2:14: rabbitmq.nodes: expected \"host:port\", got a "
 	    "list\n");
+}
+END_TEST
+
+/* A mapping of more keys than any file needs is refused whole: its
+ * duplicate check is quadratic (minutes for a 1 MiB file of short
+ * keys). */
+START_TEST(test_mapping_keys_limit)
+{
+	char *yaml = xmalloc(1001 * 16 + 16);
+	size_t len = 0;
+	struct result r;
+
+	len += (size_t)sprintf(yaml + len, "relay: {");
+	for (int i = 0; i < 1001; i++)
+		len += (size_t)sprintf(yaml + len, "%sk%d: 1", i ? ", " : "",
+		    i);
+	sprintf(yaml + len, "}\n");
+	load(&r, yaml);
+	ck_assert_int_ne(r.rc, 0);
+	ck_assert_str_eq(r.errs, "t.yml:1:8: a mapping of 1001 keys: at most "
+	    "1000 are allowed\n");
+	result_free(&r);
+	free(yaml);
 }
 END_TEST
 
@@ -1863,6 +1900,7 @@ main(void)
 	tcase_add_test(tc, test_combination_errors_point_at_a_culprit);
 	tcase_add_test(tc, test_file_size_limit);
 	tcase_add_test(tc, test_nodes_limit);
+	tcase_add_test(tc, test_mapping_keys_limit);
 	tcase_add_test(tc, test_value_echo_is_escaped_and_cut);
 	tcase_add_test(tc, test_errors_logged_without_stream);
 	tcase_add_test(tc, test_invalid_utf8);
