@@ -16,6 +16,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -1539,18 +1540,36 @@ config_load_string(struct config *c, const char *name, const char *yaml,
 	return load(c, name, yaml, len, errs);
 }
 
-int
-config_load(struct config *c, const char *path, FILE *errs)
+/*
+ * again: a reload's read, of the file a running daemon was started with.
+ * A pipe (`-c /dev/stdin`, `-c <(envsubst < tmpl)`) holds nothing then:
+ * read as an empty document, every default, it set relay.retention back
+ * to 7 days (and the leader purged what the file kept), the backoff, the
+ * batch size and the log level with it; a FIFO held the main loop in its
+ * open until a writer came.  An empty file is as likely a tool's
+ * truncate before its write.  So a reload takes a regular file that is
+ * not empty, checked on what it reads, not on a path that may change.
+ */
+static int
+load_file(struct config *c, const char *path, FILE *errs, bool again)
 {
 	char *buf = NULL;
 	size_t len = 0, cap = 0;
+	struct stat st;
 	int fd, rc = -1;
 
 	config_free(c);
-	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY |
+	    (again ? O_NONBLOCK : 0));
 	if (fd == -1) {
 		problem_emit(path, 0, 0, strerror(errno), errs);
 		return -1;
+	}
+	if (again && (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))) {
+		problem_emit(path, 0, 0, "not a regular file (a pipe or FIFO "
+		    "is read once, at the start): restart outboxd to change "
+		    "the config", errs);
+		goto fail;
 	}
 	/* Read to EOF rather than trust st_size: /dev/stdin works too. */
 	for (;;) {
@@ -1589,6 +1608,11 @@ config_load(struct config *c, const char *path, FILE *errs)
 			break;
 		len += (size_t)r;
 	}
+	if (again && len == 0) {
+		problem_emit(path, 0, 0, "empty (which would mean every "
+		    "default): write the file whole, then reload", errs);
+		goto fail;
+	}
 	rc = load(c, path, buf, len, errs);
 fail:
 	if (buf != NULL) {
@@ -1597,6 +1621,18 @@ fail:
 	}
 	close(fd);
 	return rc;
+}
+
+int
+config_load(struct config *c, const char *path, FILE *errs)
+{
+	return load_file(c, path, errs, false);
+}
+
+int
+config_load_again(struct config *c, const char *path, FILE *errs)
+{
+	return load_file(c, path, errs, true);
 }
 
 void

@@ -61,6 +61,11 @@ void config_defaults(struct config *);
  */
 #define CONFIG_SECRET_ABSENT (-2)
 int config_load(struct config *, const char *path, FILE *errs) WARN_UNUSED;
+/* Same, for a reload: path must be a regular file, and not empty (a pipe
+ * read again, or a file truncated before its write, read as every
+ * default). */
+int config_load_again(struct config *, const char *path, FILE *errs)
+    WARN_UNUSED;
 /* Same, from a string (for tests and fuzzing); name appears in errors. */
 int config_load_string(struct config *, const char *name, const char *yaml,
     size_t len, FILE *errs) WARN_UNUSED;

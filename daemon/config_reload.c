@@ -170,7 +170,7 @@ config_reload(struct config *cur, FILE *errs)
 	memset(&next, 0, sizeof(next));
 	if (cur->path == NULL)
 		return -1;
-	if (config_load(&next, cur->path, errs) != 0)
+	if (config_load_again(&next, cur->path, errs) != 0)
 		return -1;
 	(void)config_reload_check(cur, &next, NULL);
 	config_apply_reloadable(cur, &next);

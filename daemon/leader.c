@@ -283,6 +283,13 @@ give_up_the_key(struct leader *l)
 	return true;
 }
 
+/* Whether the instance keeps out of the election (give_up_the_key). */
+static bool
+standing_aside(const struct leader *l, int64_t now)
+{
+	return now < l->aside_until_ms;
+}
+
 static void
 update_leadership(struct leader *l)
 {
@@ -298,7 +305,7 @@ update_leadership(struct leader *l)
 	l->advisory_failing_since = 0;
 	if (stand_aside_without_store(l))
 		return;
-	if (now_mono_ms() < l->aside_until_ms) {	/* give_up_the_key */
+	if (standing_aside(l, now_mono_ms())) {
 		set_leader(l, false, LEADER_BACKEND_REDIS);
 		return;
 	}
@@ -579,7 +586,7 @@ leader_next_tick_ms(const struct leader *l)
 	 * key up (give_up_the_key), the lock has nothing to do however
 	 * overdue its next step looks: counted, it asked for a wake-up at
 	 * once, again and again, for the whole time aside. */
-	if (now < l->aside_until_ms) {
+	if (standing_aside(l, now)) {
 		if (l->aside_until_ms - now < next)
 			next = l->aside_until_ms - now;
 	} else if (l->lock != NULL && (store_connected(l->store) ||

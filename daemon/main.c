@@ -13,7 +13,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <systemd/sd-daemon.h>
@@ -286,46 +285,15 @@ set_health(struct daemon *d, bool healthy, const char *reason)
 	sd_notify(0, line);
 }
 
-/*
- * Why the config at path must not be reloaded, or NULL.  Read again, a
- * pipe (`-c /dev/stdin`, `-c <(envsubst < tmpl)`) holds nothing: an
- * empty document, which is every default, so that a reload set
- * relay.retention back to 7 days (and the leader purged what the file
- * kept), the backoff, the batch size and the log level with it; a FIFO
- * held the main loop in its open until a writer came.  An empty regular
- * file is as likely a tool's truncate before its write.
- */
-static const char *
-reload_refusal(const char *path)
-{
-	struct stat st;
-
-	if (stat(path, &st) != 0)
-		return NULL;	/* config_load says why */
-	if (!S_ISREG(st.st_mode))
-		return "the config is not a regular file (a pipe or FIFO, "
-		    "read at the start)";
-	if (st.st_size == 0)
-		return "the config file is empty (every default)";
-	return NULL;
-}
-
 static void
 reload(struct daemon *d, bool ready)
 {
 	struct config *cfg = d->cfg;
 	struct config fresh;
-	const char *refusal = reload_refusal(cfg->path);
 
 	sd_notify(0, "RELOADING=1");
 	config_defaults(&fresh);
-	if (refusal != NULL) {
-		log_error("reload refused, keeping the old config", "path=%s "
-		    "reason=%s hint=%s", log_quote((char[600]){ 0 }, 600,
-		    cfg->path), log_quote((char[120]){ 0 }, 120, refusal),
-		    log_quote((char[120]){ 0 }, 120, "restart outboxd to "
-		    "change it, or write the file whole"));
-	} else if (config_load(&fresh, cfg->path, NULL) != 0) {
+	if (config_load_again(&fresh, cfg->path, NULL) != 0) {
 		log_error("reload failed, keeping the old config",
 		    "path=%s", log_quote((char[600]){ 0 }, 600, cfg->path));
 	} else {
@@ -609,6 +577,7 @@ run_command(int argc, char **argv)
 	const char *command = "run";
 	struct config cfg;
 	sigset_t hup, mask;
+	bool daemon;
 	int opt, rc, load_rc;
 
 	bound_dns_lookups();
@@ -693,14 +662,15 @@ run_command(int argc, char **argv)
 	 * action, or, for PID 1 in a container, was dropped.  Now a stop
 	 * that early stops it (on_stop), and a SIGHUP waits, blocked, for
 	 * the config to be read (no read cut short), then reloads it. */
-	if (strcmp(command, "run") == 0) {
+	daemon = strcmp(command, "run") == 0;
+	if (daemon) {
 		sigemptyset(&hup);
 		sigaddset(&hup, SIGHUP);
 		install_signals();
 		sigprocmask(SIG_BLOCK, &hup, &mask);
 	}
 	load_rc = load_config(&cfg, path);
-	if (strcmp(command, "run") == 0) {
+	if (daemon) {
 		config_read = load_rc == 0;
 		sigprocmask(SIG_SETMASK, &mask, NULL);
 	}
@@ -712,7 +682,7 @@ run_command(int argc, char **argv)
 		return 0;
 	}
 	log_set_level(cfg.log_level);
-	if (strcmp(command, "run") == 0)
+	if (daemon)
 		rc = run_daemon(&cfg);
 	else
 		rc = cli_admin(&cfg, command, argc - optind, argv + optind);

@@ -1191,8 +1191,7 @@ ensure_store(struct relay *r)
 		down = store_connected(r->store) ? second : r->store;
 		log_error("postgres connection lost", "error=%s",
 		    log_quote((char[600]){ 0 }, 600, store_error(down)));
-		pace_after_loss(&r->store_link, &r->store_log, "postgres");
-		drop_sessions(r);
+		drop_sessions(r);	/* paced there */
 	}
 	if (now < r->store_link.retry_at)
 		return false;

@@ -231,12 +231,6 @@ wait_log_lines(pid_t pid, const char *needle, const char *needle2, int had,
 	return true;
 }
 
-/*
- * CPU time pid has used, user plus system (fields 14 and 15 of
- * /proc/PID/stat), in clock ticks; -1 if it cannot be read.  The command
- * name in field 2 may hold spaces and parentheses: count from its last
- * ')'.
- */
 /* --- Redis ---------------------------------------------------------------- */
 
 static redisContext *

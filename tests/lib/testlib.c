@@ -1030,7 +1030,12 @@ tl_rabbitmq_freeze(bool freeze)
 	    "not stop", pid);
 }
 
-/* User and system time of pid in clock ticks, or -1. */
+/*
+ * CPU time pid has used, user plus system (fields 14 and 15 of
+ * /proc/PID/stat), in clock ticks; -1 if it cannot be read.  The command
+ * name in field 2 may hold spaces and parentheses: count from its last
+ * ')'.
+ */
 static long long
 cpu_ticks(pid_t pid)
 {

@@ -1770,6 +1770,24 @@ START_TEST(test_reload_keeps_old_on_error)
 	ck_assert_int_eq(relay->batch_size, 10);
 	ck_assert_str_eq(cur.path, path);
 
+	/* An empty file (a truncate before a write) is every default; a
+	 * pipe or FIFO holds nothing the second time (or blocks). */
+	write_file(path, "", 0600);
+	f = open_memstream(&got, &len);
+	ck_assert_int_eq(config_reload(&cur, f), -1);
+	fclose(f);
+	ck_assert_msg(strstr(got, "empty (which would mean every default)") !=
+	    NULL, "%s", got);
+	free(got);
+	ck_assert(unlink(path) == 0 && mkfifo(path, 0600) == 0);
+	f = open_memstream(&got, &len);
+	ck_assert_int_eq(config_reload(&cur, f), -1);
+	fclose(f);
+	ck_assert_msg(strstr(got, "not a regular file") != NULL, "%s", got);
+	free(got);
+	ck_assert_int_eq(unlink(path), 0);
+	ck_assert_int_eq(relay->batch_size, 10);
+
 	write_file(path, "relay:\n  batch_size: 30\n  mode: single-active\n",
 	    0600);
 	ck_assert_int_eq(config_reload(&cur, stderr), 0);
