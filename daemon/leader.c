@@ -258,17 +258,16 @@ stand_aside_without_store(struct leader *l)
  * holder without its session, it gives the key up after a third of a
  * ttl of failed tries, and keeps out of the election for a ttl, for an
  * instance whose try works to take the key.  (If every instance's try
- * fails, the key goes round and nobody leads; each says why.)  True
- * when it gave the key up.
+ * fails, the key goes round and nobody leads; each says why.)
  */
-static bool
+static void
 give_up_the_key(struct leader *l)
 {
 	int64_t now = now_mono_ms();
 
 	if (l->advisory_failing_since == 0 ||
 	    now - l->advisory_failing_since < l->ttl_ms / 3)
-		return false;
+		return;
 	log_event_limited(&l->aside_log, LOG_WARN, "leader lock given up: "
 	    "the postgres advisory lock cannot be taken", "failing_ms=%"
 	    PRId64 " aside_ms=%" PRId64 " error=%s hint=\"an instance that "
@@ -280,7 +279,6 @@ give_up_the_key(struct leader *l)
 	l->advisory_failing_since = 0;
 	l->aside_until_ms = now + l->ttl_ms;
 	l->fenced = false;
-	return true;
 }
 
 /* Whether the instance keeps out of the election (give_up_the_key). */
@@ -339,7 +337,7 @@ update_leadership(struct leader *l)
 		set_leader(l, true, LEADER_BACKEND_REDIS);
 		return;
 	}
-	(void)give_up_the_key(l);
+	give_up_the_key(l);
 	set_leader(l, false, LEADER_BACKEND_REDIS);
 }
 
