@@ -116,8 +116,8 @@ bk_xcache_forget(struct broker *b, const char *name)
 /*
  * Whether an exchange can take messages: 0 yes, 1 no (the broker's words
  * in reason), -1 connection lost.  With a type it is declared (created
- * when missing, 406 when it exists with another type), without one it
- * must exist.  Successes are cached until reconnect, failures for the
+ * when missing, 406 when it exists with another type; one of that type
+ * with other flags is used as it is), without one it must exist.  Successes are cached until reconnect, failures for the
  * batch.
  */
 static int WARN_UNUSED
@@ -149,8 +149,26 @@ exchange_usable(struct broker *b, const char *name, const char *type,
 	    1, 0, 0, amqp_empty_table);
 	rc = bk_rpc_outcome(b, CH_CHECK, amqp_get_rpc_reply(b->conn),
 	    "exchange.declare", reason, size);
-	if (rc == -1)
-		return -1;
+	if (rc == 1 && !passive && strstr(reason, "inequivalent arg") != NULL &&
+	    strstr(reason, "inequivalent arg 'type'") == NULL &&
+	    strstr(reason, "inequivalent arg 'internal'") == NULL) {
+		/* It exists with the row's type (the broker compares the
+		 * type first) but other flags than ours: not durable (pika's
+		 * default), auto-delete, an alternate exchange.  A publish
+		 * works: every such row was rejected until it was dead.  Not
+		 * an internal one: a publish there closes the channel. */
+		if (bk_ensure_channels(b, deadline) == -1)
+			return -1;
+		bk_rpc_deadline(b, deadline);
+		b->exchange_checks++;
+		amqp_exchange_declare(b->conn, CH_CHECK,
+		    amqp_cstring_bytes(name), amqp_empty_bytes, 1, 0, 0, 0,
+		    amqp_empty_table);
+		rc = bk_rpc_outcome(b, CH_CHECK, amqp_get_rpc_reply(b->conn),
+		    "exchange.declare", reason, size);
+		if (rc == -1)
+			return -1;
+	}
 	xcache_put(b, name, type, rc == 0, reason);
 	return rc;
 }

@@ -1707,12 +1707,12 @@ config_longest_step_ms(const struct config *c)
 }
 
 int
-config_check_file(const char *path, FILE *out)
+config_check_file(const char *path, FILE *out, FILE *err)
 {
 	struct config c;
 
 	memset(&c, 0, sizeof(c));
-	if (config_load(&c, path, out) != 0)
+	if (config_load(&c, path, err) != 0)
 		return 1;
 	config_free(&c);
 	fprintf(out, "configuration OK\n");

@@ -114,9 +114,11 @@ int64_t config_longest_step_ms(const struct config *);
 
 /*
  * For `outboxd -n -c FILE` and `outboxd check -c FILE`: loads path and
- * writes either every error or "configuration OK" to out.  Returns the
- * exit status: 0 when the file is valid, 1 when it is not.
+ * writes every error to err (NULL: logged, as config_load does), or
+ * "configuration OK" to out.  (Errors on stdout were lost to `check
+ * >/dev/null || ...`, and reached the journal at info priority under
+ * ExecReload.)  Returns 0 when the file is valid, 1 when it is not.
  */
-int config_check_file(const char *path, FILE *out);
+int config_check_file(const char *path, FILE *out, FILE *err);
 
 #endif

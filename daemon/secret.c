@@ -19,7 +19,8 @@
 
 /*
  * Reads the first line of a password file, refusing one that others can
- * read: a secret in a world-readable file is no secret.  Messages never
+ * read: a secret in a world-readable file is no secret.  Its group may
+ * read it only when root owns it.  Messages never
  * name the file: someone may have pasted the password itself there.
  */
 char *
@@ -49,9 +50,22 @@ secret_file_read(const char *path, char *why, size_t whysz, bool *absent)
 		strfmt(why, whysz, "the file is not a regular file");
 		goto fail;
 	}
-	if (st.st_mode & (S_IRWXG | S_IRWXO)) {
+	/* libpq's rule for its key files: a file root owns may also be
+	 * read by its group.  That is how a Kubernetes secret reaches a
+	 * container's user (owned by root, mode 0440, the pod's fsGroup),
+	 * and 0600 there could not be read at all. */
+	if (st.st_uid == 0 && (st.st_mode & ((S_IRWXG & ~S_IRGRP) |
+	    S_IRWXO))) {
+		strfmt(why, whysz, "the file is accessible by others, or its "
+		    "group may do more than read it (mode %04o); give it mode "
+		    "0640 or less (a Kubernetes secret: defaultMode 0440, "
+		    "with the pod's fsGroup)", (unsigned)(st.st_mode & 07777));
+		goto fail;
+	}
+	if (st.st_uid != 0 && (st.st_mode & (S_IRWXG | S_IRWXO))) {
 		strfmt(why, whysz, "the file is accessible by group or others "
-		    "(mode %04o); run chmod 600 on it",
+		    "(mode %04o); run chmod 600 on it (only a file owned by "
+		    "root may be readable by its group)",
 		    (unsigned)(st.st_mode & 07777));
 		goto fail;
 	}

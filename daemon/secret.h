@@ -11,7 +11,8 @@
 /* The first line of a password file, as a new string (free it with
  * secret_free); NULL, with the reason in why (never naming the file nor
  * showing its text), when the file cannot be trusted or read: it is not
- * a regular file, group or others may access it, or its first line is
+ * a regular file, others may access it, its group may (unless root owns
+ * it and the group may only read it), or its first line is
  * empty or over 1023 bytes.  *absent (when not NULL) says whether it
  * failed because the file does not exist. */
 char *secret_file_read(const char *path, char *why, size_t whysz,

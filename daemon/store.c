@@ -120,7 +120,8 @@
     " FROM sized d" \
     " LEFT JOIN LATERAL (SELECT array_agg(key) AS keys," \
     "   array_agg(value) AS vals FROM jsonb_each_text(CASE WHEN" \
-    "   jsonb_typeof(d.headers) = 'object' THEN d.headers END)) h ON true" \
+    "   jsonb_typeof(d.headers) = 'object' THEN d.headers END)" \
+    "   WHERE value IS NOT NULL) h ON true" \
     " WHERE d.before < $4::int8" \
     " ORDER BY coalesce(d.next_schedule_time," \
     "  '-infinity'::timestamptz), d.id"
@@ -870,6 +871,79 @@ check_schema(struct store *s)
 	return -1;
 }
 
+/*
+ * The outbox's tables must be in the schema that migrate creates in, the
+ * first schema of search_path that exists: CREATE TABLE IF NOT EXISTS
+ * looks nowhere else.  Tables in public, and then a schema named as the
+ * role (search_path's "$user", first by default): migrate built a
+ * second, empty outbox there, and the relay read it.  Nothing was
+ * delivered, and nothing said so.
+ */
+#define SCHEMA_PLACE_SQL \
+	"SELECT n.nspname, current_schema() FROM unnest(ARRAY[" \
+	"'outboxd_migrations', 't_transactional_message'," \
+	" 't_transactional_message_content']) AS t(name)" \
+	" JOIN pg_class c ON c.oid = to_regclass(t.name)" \
+	" JOIN pg_namespace n ON n.oid = c.relnamespace" \
+	" WHERE n.nspname IS DISTINCT FROM current_schema() LIMIT 1"
+
+/* An outbox split already (by such a migrate, or by hand): the schemas
+ * of search_path that hold one, in its order, when more than one does. */
+#define SCHEMA_SPLIT_SQL \
+	"SELECT string_agg(n.nspname, ', ' ORDER BY" \
+	" array_position(current_schemas(false), n.nspname))" \
+	" FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace" \
+	" WHERE c.relname = 't_transactional_message'" \
+	" AND c.relkind IN ('r', 'p')" \
+	" AND n.nspname = ANY (current_schemas(false)) HAVING count(*) > 1"
+
+static int
+check_schema_place(struct store *s)
+{
+	PGresult *res = query(s, "migrate", SCHEMA_SPLIT_SQL, 0, NULL,
+	    PGRES_TUPLES_OK);
+	char msg[sizeof(s->error)];
+
+	if (res == NULL)
+		return -1;
+	if (PQntuples(res) == 1) {
+		strfmt(msg, sizeof(msg), "t_transactional_message is in more "
+		    "than one schema of search_path (%s): outboxd reads the "
+		    "first only, and producers may write to another; keep one "
+		    "outbox (move the other's rows to it, then drop the other)",
+		    PQgetvalue(res, 0, 0));
+		PQclear(res);
+		set_error(s, "migrate", msg);
+		return -1;
+	}
+	PQclear(res);
+	res = query(s, "migrate", SCHEMA_PLACE_SQL, 0, NULL, PGRES_TUPLES_OK);
+	if (res == NULL)
+		return -1;
+	if (PQntuples(res) == 0) {
+		PQclear(res);
+		return 0;
+	}
+	if (PQgetisnull(res, 0, 1))
+		strfmt(msg, sizeof(msg), "the outbox tables are in schema "
+		    "\"%s\", and no schema of search_path exists to migrate "
+		    "in; set search_path to \"%s\" (postgres.conninfo: "
+		    "options=-csearch_path=%s)", PQgetvalue(res, 0, 0),
+		    PQgetvalue(res, 0, 0), PQgetvalue(res, 0, 0));
+	else
+		strfmt(msg, sizeof(msg), "the outbox tables are in schema "
+		    "\"%s\", but the first schema of search_path is \"%s\", "
+		    "where migrate would create a second, empty outbox that "
+		    "the relay would then read; put \"%s\" first in "
+		    "search_path (postgres.conninfo: options=-csearch_path=%s,"
+		    " or ALTER ROLE ... SET search_path), or move the tables",
+		    PQgetvalue(res, 0, 0), PQgetvalue(res, 0, 1),
+		    PQgetvalue(res, 0, 0), PQgetvalue(res, 0, 0));
+	PQclear(res);
+	set_error(s, "migrate", msg);
+	return -1;
+}
+
 int
 store_migrate(struct store *s)
 {
@@ -886,6 +960,8 @@ store_migrate(struct store *s)
 		return -1;
 	if (migrate_lock(s) == -1)
 		goto restore;
+	if (check_schema_place(s) == -1)
+		goto unlock;
 	if (exec_command(s, "CREATE TABLE IF NOT EXISTS outboxd_migrations ("
 	    "name text PRIMARY KEY,"
 	    " applied_at timestamptz NOT NULL DEFAULT now())") == -1)

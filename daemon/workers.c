@@ -46,6 +46,7 @@ struct workers {
 	pthread_mutex_t conf_lock;
 	struct relay_conf conf;	/* guarded by conf_lock */
 	atomic_uint conf_gen;	/* bumped by workers_set_conf */
+	bool joined;		/* workers_join ran */
 };
 
 static unsigned
@@ -189,11 +190,12 @@ workers_ask_to_stop(struct workers *p)
 }
 
 void
-workers_stop(struct workers *p, struct relay_stats *sum)
+workers_join(struct workers *p, struct relay_stats *sum)
 {
-	if (p == NULL)
+	if (p == NULL || p->joined)
 		return;
 	workers_ask_to_stop(p);
+	p->joined = true;
 	for (int i = 0; i < p->n; i++) {
 		struct worker *w = &p->w[i];
 
@@ -210,8 +212,17 @@ workers_stop(struct workers *p, struct relay_stats *sum)
 			sum->store_errors += st->store_errors;
 			sum->broker_errors += st->broker_errors;
 		}
-		worker_free(w);
 	}
+}
+
+void
+workers_stop(struct workers *p, struct relay_stats *sum)
+{
+	if (p == NULL)
+		return;
+	workers_join(p, sum);
+	for (int i = 0; i < p->n; i++)
+		worker_free(&p->w[i]);
 	if (p->wake_fd != -1)
 		close(p->wake_fd);
 	(void)pthread_mutex_destroy(&p->conf_lock);

@@ -35,8 +35,12 @@ struct workers *workers_start(int n, bool active, const struct relay_conf *,
  * workers claiming while the main relay finishes its own batch. */
 void workers_ask_to_stop(struct workers *);
 /* Asks every worker to stop, waits for each to finish its batch (its
- * confirms awaited, its rows marked), adds their counters to *sum (when
- * not NULL) and frees them.  NULL is a no-op. */
+ * confirms awaited, its rows marked) and adds their counters to *sum
+ * (when not NULL); their connections stay open.  NULL, or a second
+ * call, is a no-op. */
+void workers_join(struct workers *, struct relay_stats *sum);
+/* workers_join (unless it ran), then closes the workers' connections
+ * and frees them.  NULL is a no-op. */
 void workers_stop(struct workers *, struct relay_stats *sum);
 
 /* What the main thread decided this turn: retry FAIL rows (leader), and

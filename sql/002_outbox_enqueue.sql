@@ -2,7 +2,8 @@
 --   SELECT outbox_enqueue('orders', 'order.created', '{"id": 42}');
 -- writes the message and its content rows and returns the message id.
 -- Call it inside the business transaction: the message exists if and
--- only if that transaction commits.
+-- only if that transaction commits.  A NULL argument means its default
+-- (009 says why for the last ones).
 
 CREATE OR REPLACE FUNCTION outbox_enqueue(
     exchange         text,
@@ -29,7 +30,8 @@ AS $fn$
              next_schedule_time)
         VALUES (coalesce($1, ''), $2, coalesce($4, ''), coalesce($5, ''),
                 $6, $7, coalesce($8, 'application/json'), $9,
-                $10, $11, $12, now() + coalesce($13, interval '0'))
+                coalesce($10, 5), coalesce($11, interval '10 seconds'),
+                coalesce($12, 2), now() + coalesce($13, interval '0'))
         RETURNING id
     ), c AS (
         INSERT INTO t_transactional_message_content (message_id, content)

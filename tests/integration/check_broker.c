@@ -552,6 +552,40 @@ START_TEST(test_exchange_type_mismatch_rejected)
 }
 END_TEST
 
+/*
+ * A row's typed exchange that exists with that type but other flags (not
+ * durable and auto-delete, as pika declares them): the declare's 406
+ * names 'durable', not 'type', and the message is published.  Each such
+ * row was rejected, retried and dead, where a plain publish worked.
+ */
+START_TEST(test_exchange_with_other_flags_is_used)
+{
+	struct broker *b = connect_default();
+	struct tl_amqp *a = tl_amqp_open();
+	char q[128], x[128];
+	int64_t want[2] = { 1, 2 };
+
+	uniq(q, sizeof(q), "flags-q");
+	uniq(x, sizeof(x), "flags-x");
+	tl_exchange_transient(a, x, "topic");
+	ck_assert(broker_declare_queue(b, q, x, "k.#") == 0);
+	msg_set(&msgs[0], 1, x, "topic", "k.1", "a");
+	publish_ok(b, 1);
+	assert_acked(0);
+	/* Known usable from then on: no declare, no 406 again. */
+	msg_set(&msgs[0], 2, x, "topic", "k.2", "b");
+	publish_ok(b, 1);
+	assert_acked(0);
+	expect_queue_ids(b, q, want, 2, false);
+	/* Another type is still refused. */
+	msg_set(&msgs[0], 3, x, "direct", "k.3", "c");
+	publish_ok(b, 1);
+	assert_outcome(0, BROKER_REJECTED, "inequivalent arg 'type'");
+	tl_amqp_close(a);
+	broker_free(b);
+}
+END_TEST
+
 START_TEST(test_typed_exchange_is_created)
 {
 	struct broker *b = connect_default();
@@ -1522,6 +1556,7 @@ broker_suite(void)
 	tcase_add_test(pub, test_await_after_the_deadline);
 	tcase_add_test(pub, test_missing_exchange_rejected);
 	tcase_add_test(pub, test_exchange_type_mismatch_rejected);
+	tcase_add_test(pub, test_exchange_with_other_flags_is_used);
 	tcase_add_test(pub, test_typed_exchange_is_created);
 	tcase_add_test(pub, test_max_payload_rejected_unsent);
 	tcase_add_test(pub, test_broker_message_size_limit);

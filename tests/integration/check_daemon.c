@@ -247,29 +247,18 @@ enqueue(const char *queue, int n)
 	return tl_sql_int(db, "SELECT max(id) FROM t_transactional_message");
 }
 
-/* Consumes until `want` distinct ids of [first, first + n) have been
- * seen in counts, or idle_ms passes with nothing new; counts[id - first]
- * += 1 for each.  Returns the deliveries. */
+/* Consumes everything in queue up to now: counts[id - first] += 1 for
+ * each id of [first, first + n).  Call it once outboxd has nothing more
+ * to send: a copy sent late is counted too (tl_collect_to_end).  Returns
+ * the deliveries. */
 static size_t
-receive(const char *queue, unsigned *counts, long long first, long long n,
-    long long want, int idle_ms)
+receive(const char *queue, unsigned *counts, long long first, long long n)
 {
 	struct tl_amqp *a = tl_amqp_open();
-	struct tl_msg m;
-	size_t got = 0;
-	long long distinct = 0;
+	size_t got;
 
-	for (long long i = 0; i < n; i++)
-		if (counts[i] > 0)
-			distinct++;
 	tl_consume(a, queue);
-	while (distinct < want && tl_next(a, idle_ms, &m)) {
-		if (m.message_id >= first && m.message_id < first + n &&
-		    counts[m.message_id - first]++ == 0)
-			distinct++;
-		got++;
-		tl_msg_free(&m);
-	}
+	got = tl_collect_to_end(a, queue, counts, first, n, 60000);
 	tl_amqp_close(a);
 	return got;
 }
@@ -431,7 +420,7 @@ START_TEST(test_sigterm_finishes_the_batch)
 	/* Nothing else happened to the rows: SUCCESS or untouched. */
 	ck_assert_int_eq(tl_sql_int(db, COUNT_STATUS(0)
 	    " AND current_retry_times = 0"), N - sent);
-	receive("dmn.drain", counts, first, N, sent, 5000);
+	receive("dmn.drain", counts, first, N);
 	assert_success_received(counts, first, N);
 	check_logfmt(log);
 	free(log);
@@ -441,7 +430,7 @@ START_TEST(test_sigterm_finishes_the_batch)
 	log = log_of(pid);
 	ck_assert_int_eq(tl_wait_sql_int(db, N, 120000, COUNT_STATUS(1)), N);
 	ck_assert_int_eq(tl_outboxd_stop(pid, 25000), 0);
-	receive("dmn.drain", counts, first, N, N, 5000);
+	receive("dmn.drain", counts, first, N);
 	for (long long i = 0; i < N; i++)
 		if (counts[i] == 0)
 			missing++;
@@ -531,7 +520,7 @@ recover_stuck(const char *app, int n)
 	log = log_of(pid);
 	ck_assert_int_eq(tl_wait_sql_int(db, n, 60000, COUNT_STATUS(1)), n);
 	ck_assert_int_eq(tl_outboxd_stop(pid, 25000), 0);
-	receive("dmn.stuck", counts, first, n, n, 5000);
+	receive("dmn.stuck", counts, first, n);
 	for (int i = 0; i < n; i++)
 		ck_assert_msg(counts[i] > 0, "row %lld never received",
 		    first + i);
@@ -603,6 +592,42 @@ START_TEST(test_shutdown_timeout_ends_a_stuck_batch)
 }
 END_TEST
 
+/*
+ * relay.shutdown_timeout running out after every batch has ended, in the
+ * goodbyes (each connection's polite close waits up to a second for a
+ * broker that does not answer, here frozen): nothing is left to send
+ * again, so exit 0 with a warning, the leader key already given back.
+ * Before, the alarm said "batches unfinished" and exited 1, and systemd
+ * marked the unit failed.
+ */
+static pid_t start_ready(const char *queue, const char *yaml, char **log);
+
+START_TEST(test_shutdown_timeout_in_the_goodbyes)
+{
+	char *log;
+	int st;
+	pid_t pid;
+
+	pid = start_ready("dmn.goodbye", "relay.shutdown_timeout: 1s\n"
+	    "relay.workers: 4\nredis.key: \"dmn:leader:goodbye\"\n", &log);
+	ck_assert_int_eq(tl_wait_sql_int(db, 4, 20000, "SELECT count(*) FROM "
+	    "pg_stat_activity WHERE application_name = 'outboxd'"), 4);
+	ck_assert_msg(wait_log(log, "msg=\"leader lock acquired\"", 1, 20000),
+	    "log %s", log);
+	tl_rabbitmq_freeze(true);
+	kill(pid, SIGTERM);
+	st = tl_outboxd_wait(pid, 20000);
+	tl_rabbitmq_freeze(false);
+	ck_assert_int_eq(st, 0);
+	ck_assert_int_eq(log_count(log, "level=warn msg=\"shutdown timeout "
+	    "reached after every batch ended"), 1);
+	ck_assert_int_eq(log_count(log, "batches unfinished"), 0);
+	ck_assert(!tl_redis_exists("dmn:leader:goodbye"));
+	check_logfmt(log);
+	free(log);
+}
+END_TEST
+
 /* Replaces the file at path atomically with a config from extra_yaml. */
 static void
 rewrite_config(const char *path, const char *extra_yaml)
@@ -628,10 +653,11 @@ START_TEST(test_sighup_reload)
 	struct tl_amqp *a = tl_amqp_open();
 	char cfg[512], *log;
 	long long first, last;
-	unsigned counts[64] = { 0 };
+	unsigned *counts;
 	pid_t pid;
 
 	tl_queue(a, "dmn.reload", "", "");
+	tl_queue(a, "dmn.reload.backlog", "", "");
 	tl_amqp_close(a);
 	tl_config_write(cfg, sizeof(cfg), "relay.batch_size: 100\n"
 	    "relay.workers: 2\n"
@@ -658,6 +684,15 @@ START_TEST(test_sighup_reload)
 	/* Batches of the new size: 20 rows go out as 7 + 7 + 6. */
 	ck_assert_int_ge(log_count(log, " published=7 batch_us="), 2);
 	ck_assert_int_eq(log_count(log, " published=20 batch_us="), 0);
+	/* The worker too (a backlog: the main relay kicks it), which only
+	 * NOTIFY-woken batches of the main relay's did not show. */
+	tl_sql(db, "SELECT outbox_enqueue('', 'dmn.reload.backlog', 'b ' || g) "
+	    "FROM generate_series(1, 300) g");
+	ck_assert_int_eq(tl_wait_sql_int(db, 325, 30000, COUNT_STATUS(1)), 325);
+	ck_assert_msg(wait_log(log, "msg=\"batch done\" worker=1 rows=7 ", 1,
+	    10000), "the worker took no batch of the new size: log %s", log);
+	ck_assert_int_eq(log_count(log, "msg=\"batch done\" worker=1 "
+	    "rows=100 "), 0);
 
 	/* A broken file: errors logged, the old config stays. */
 	rewrite_raw(cfg, "relay:\n  batch_size: [\n");
@@ -675,7 +710,7 @@ START_TEST(test_sighup_reload)
 	    "default)"), 1);
 	ck_assert_int_eq(log_count(log, "msg=\"config reloaded\""), 1);
 	last = enqueue("dmn.reload", 10);
-	ck_assert_int_eq(tl_wait_sql_int(db, 35, 20000, COUNT_STATUS(1)), 35);
+	ck_assert_int_eq(tl_wait_sql_int(db, 335, 20000, COUNT_STATUS(1)), 335);
 	ck_assert_int_ge(log_count(log, " published=7 batch_us="), 3);
 
 	/* A key that needs a restart: a warning, and the old value stays. */
@@ -694,11 +729,16 @@ START_TEST(test_sighup_reload)
 	    "pg_stat_activity WHERE application_name = 'dmn-reload'"), 2);
 
 	ck_assert_int_eq(tl_outboxd_stop(pid, 25000), 0);
-	receive("dmn.reload", counts, first, last - first + 1,
-	    last - first + 1, 5000);
+	counts = xcalloc((size_t)(last - first + 1), sizeof(*counts));
+	receive("dmn.reload", counts, first, last - first + 1);
+	ck_assert_int_eq(tl_sql_int(db, "SELECT count(*) FROM "
+	    "t_transactional_message WHERE routing_key = 'dmn.reload'"), 35);
 	for (long long i = 0; i <= last - first; i++)
-		ck_assert_msg(counts[i] > 0, "row %lld not received",
-		    first + i);
+		ck_assert_msg(counts[i] > 0 || tl_sql_int(db, "SELECT count(*) "
+		    "FROM t_transactional_message WHERE id = %lld AND "
+		    "routing_key = 'dmn.reload'", first + i) == 0,
+		    "row %lld not received", first + i);
+	free(counts);
 	check_logfmt(log);
 	free(log);
 }
@@ -1312,7 +1352,7 @@ START_TEST(test_memory_alarm_holds_the_relay)
 	ck_assert_int_eq(wait_health(200, health, sizeof(health), 10000), 200);
 	ck_assert_double_eq(wait_metric("outboxd_relays_blocked", 0, 10000),
 	    0);
-	got = receive("dmn.alarm", counts, first, N, N, 3000);
+	got = receive("dmn.alarm", counts, first, N);
 	for (long long i = 0; i < N; i++)
 		ck_assert_msg(counts[i] > 0, "row %lld never arrived", first + i);
 	fprintf(stderr, "alarm: %d rows, %zu deliveries\n", N, got);
@@ -1419,9 +1459,8 @@ START_TEST(test_alarm_before_connecting_holds_every_row)
 	ck_assert_int_eq(tl_sql_int(db, COUNT_STATUS(1)), 0);
 	memory_alarm(false);
 	ck_assert_int_eq(tl_wait_sql_int(db, N, 60000, COUNT_STATUS(1)), N);
-	/* Every copy is in the queue once every row is SUCCESS: read until
-	 * it stays quiet, not just until each row was seen. */
-	got = receive("dmn.alarm0", counts, first, N, N + 1, 2000);
+	/* Every copy is in the queue once every row is SUCCESS. */
+	got = receive("dmn.alarm0", counts, first, N);
 	for (long long i = 0; i < N; i++)
 		ck_assert_msg(counts[i] == 1, "row %lld arrived %u times",
 		    first + i, counts[i]);
@@ -1551,7 +1590,7 @@ START_TEST(test_full_queue_nacks_are_retried)
 	ck_assert_int_eq(tl_wait_sql_int(db, N, 30000, COUNT_STATUS(1)), N);
 	ck_assert_int_eq(tl_sql_int(db, "SELECT count(*) FROM "
 	    "t_transactional_message WHERE message_status = 3"), 0);
-	(void)receive("dmn.full", counts, first, N, N, 3000);
+	(void)receive("dmn.full", counts, first, N);
 	for (int i = 0; i < N; i++)
 		ck_assert_msg(counts[i] == 1, "row %lld arrived %u times",
 		    first + i, counts[i]);
@@ -1830,6 +1869,12 @@ START_TEST(test_check_config_and_usage)
 	tl_config_write(bad, sizeof(bad), shown);
 	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
 	    bad, "run", NULL), 2);
+	/* check's errors go to stderr: `check >/dev/null || ...` and the
+	 * journal's priority (ExecReload) must see them. */
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
+	    bad, "check", NULL), 2);
+	ck_assert_msg(strstr(err, "relay.batch_size: must be between") !=
+	    NULL && out[0] == '\0', "out: %s err: %s", out, err);
 
 	/* `config` prints what is in effect: the file's values, the
 	 * defaults for the rest, and no secret. */
@@ -2434,7 +2479,8 @@ START_TEST(test_migrations_run_again_beside_producers)
 		"002_outbox_enqueue.sql", "003_outbox_notify.sql",
 		"004_outbox_ordering_index.sql",
 		"005_outbox_unsent_key_index.sql",
-		"008_outbox_enqueue_search_path.sql" };
+		"008_outbox_enqueue_search_path.sql",
+		"009_outbox_enqueue_null_defaults.sql" };
 	PGconn *producer = tl_pg();
 	long long triggers = tl_sql_int(db, "SELECT count(*) FROM pg_trigger "
 	    "WHERE tgrelid = 't_transactional_message'::regclass");
@@ -2463,11 +2509,14 @@ END_TEST
 
 /*
  * A first schema on the search_path without the tables ("$user" when a
- * schema of the role's name exists; dmn_empty here).  The schema check
- * looked in it (current_schema()) and called every column missing, so
- * migrate refused a good database; 005 looked there for its index and
- * rebuilt it at every run.  And a column of a domain type over the type
- * the check wants passes as that type.
+ * schema of the role's name exists; dmn_empty here).  005 looked there
+ * for its index and rebuilt it at every run.  migrate itself refuses:
+ * CREATE TABLE IF NOT EXISTS looks only in the first schema, so it built
+ * a second, empty outbox there (outboxd_migrations too, all eight
+ * migrations again), which the relay then read; this test passed, as it
+ * dropped the schema before looking.  With the tables' schema first it
+ * migrates.  And a column of a domain type over the type the check
+ * wants passes as that type.
  */
 START_TEST(test_migrate_beside_an_empty_first_schema)
 {
@@ -2488,6 +2537,28 @@ START_TEST(test_migrate_beside_an_empty_first_schema)
 	    tl_env("OUTBOXD_PG_CONNINFO"));
 	snprintf(cfg, sizeof(cfg), "%s/empty-first-%d.yml",
 	    tl_env("OUTBOXD_SERVERS_DIR"), (int)getpid());
+	spit(cfg, yaml, 0600);
+	rc = tl_outboxd_cli(out, sizeof(out), err, sizeof(err), cfg,
+	    "migrate", NULL);
+	ck_assert_int_eq(rc, 1);
+	ck_assert_msg(strstr(err, "the outbox tables are in schema \"public\", "
+	    "but the first schema of search_path is \"dmn_empty\"") != NULL,
+	    "%s", err);
+	ck_assert_int_eq(tl_sql_int(db, "SELECT count(*) FROM pg_class c JOIN "
+	    "pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = "
+	    "'dmn_empty'"), 0);
+	/* Split already (an older migrate built the copy): told too, as
+	 * the copy is in the first schema now. */
+	tl_sql(db, "CREATE TABLE dmn_empty.t_transactional_message (LIKE "
+	    "public.t_transactional_message INCLUDING ALL)");
+	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err), cfg,
+	    "migrate", NULL), 1);
+	ck_assert_msg(strstr(err, "t_transactional_message is in more than one "
+	    "schema of search_path (dmn_empty, public)") != NULL, "%s", err);
+	tl_sql(db, "DROP TABLE dmn_empty.t_transactional_message");
+	snprintf(yaml, sizeof(yaml), "postgres:\n  conninfo: \"%s "
+	    "options=-csearch_path=public,dmn_empty\"\n",
+	    tl_env("OUTBOXD_PG_CONNINFO"));
 	spit(cfg, yaml, 0600);
 	rc = tl_outboxd_cli(out, sizeof(out), err, sizeof(err), cfg,
 	    "migrate", NULL);
@@ -2517,6 +2588,33 @@ END_TEST
  * outbox_enqueue, which wrote there: nothing was ever relayed.  The
  * function now looks only in its own schema.
  */
+/*
+ * NULL for an argument of outbox_enqueue means its default, for each one
+ * that has a default: a wrapper that binds all thirteen, NULL for "not
+ * given", met the NOT NULL of max_retry_times, init_backoff and
+ * backoff_factor, and the business transaction failed with the insert.
+ */
+START_TEST(test_enqueue_nulls_take_the_defaults)
+{
+	static const char *const payloads[] = { "'text'::text",
+		"'\\x00'::bytea" };
+
+	for (size_t i = 0; i < ARRAY_LEN(payloads); i++) {
+		long long id = tl_sql_int(db, "SELECT outbox_enqueue(NULL, "
+		    "'dmn.nulls', %s, NULL, NULL, NULL, NULL, NULL, NULL, NULL, "
+		    "NULL, NULL, NULL)", payloads[i]);
+
+		ck_assert_int_eq(tl_sql_int(db, "SELECT count(*) FROM "
+		    "t_transactional_message WHERE id = %lld AND "
+		    "exchange_name = '' AND queue_name = '' AND exchange_type = "
+		    "'' AND content_type = 'application/json' AND "
+		    "max_retry_times = 5 AND init_backoff = interval "
+		    "'10 seconds' AND backoff_factor = 2 AND "
+		    "next_schedule_time <= now()", id), 1);
+	}
+}
+END_TEST
+
 START_TEST(test_enqueue_ignores_the_callers_search_path)
 {
 	char *text;
@@ -3565,8 +3663,8 @@ START_TEST(test_short_lived_sessions_are_paced)
 	    1);
 	ck_assert_int_eq(log_count(log, "retry_in_ms=60000"), 1);
 	ck_assert_int_eq(tl_sql_int(db, COUNT_STATUS(0)), 1);
-	/* Read until the queue stays quiet: one copy, not one per ms. */
-	got = receive("dmn.killmark", counts, id, 1, 2, 1000);
+	/* One copy in the queue, not one per ms. */
+	got = receive("dmn.killmark", counts, id, 1);
 	ck_assert_uint_eq(got, 1);
 	ck_assert_int_eq(tl_outboxd_stop(pid, 25000), 0);
 	free(log);
@@ -3740,14 +3838,17 @@ START_TEST(test_secrets_never_logged)
 	ck_assert_int_ne(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
 	    cfg, "-n", NULL), 0);
 	strcat(out, err);
+	/* What to do depends on the owner: root's file may keep its
+	 * group's read. */
 	ck_assert_msg(strstr(out, "rabbitmq.password_file") != NULL &&
-	    strstr(out, "chmod 600") != NULL && strstr(out, "0644") != NULL,
+	    strstr(out, geteuid() == 0 ? "give it mode 0640 or less" :
+	    "chmod 600") != NULL && strstr(out, "0644") != NULL,
 	    "unclear refusal: %s", out);
 	assert_no_secret("outboxd -n on a 0644 file", out);
 	ck_assert_int_eq(tl_outboxd_cli(out, sizeof(out), err, sizeof(err),
 	    cfg, "run", NULL), 2);
 	strcat(out, err);
-	ck_assert_msg(strstr(out, "chmod 600") != NULL, "run: %s", out);
+	ck_assert_msg(strstr(out, "(mode 0644)") != NULL, "run: %s", out);
 	assert_no_secret("outboxd run on a 0644 file", out);
 	unsetenv("DMN_PG_PASSWORD");
 	unsetenv("DMN_REDIS_PASSWORD");
@@ -3873,7 +3974,7 @@ START_TEST(test_password_files_read_at_each_connect)
 	ck_assert_int_eq(tl_wait_sql_int(db, 15, 20000, COUNT_STATUS(1)), 15);
 	ck_assert_msg(wait_log(log, "msg=\"password file not read; using the "
 	    "password read before\" key=rabbitmq.password_file error=\"the "
-	    "file is accessible by group or others", 1, 10000), "log %s", log);
+	    "file is accessible by ", 1, 10000), "log %s", log);
 	stop_showing_no_secret(pid, log);
 	(void)redis_cmd("ACL DELUSER dmnrotate");
 }
@@ -4187,7 +4288,8 @@ START_TEST(test_worker_without_connection)
 	ck_assert_int_eq(tl_wait_sql_int(db, N, 30000, COUNT_STATUS(1)), N);
 	/* The gauge is refreshed after the main relay's step: it may lag. */
 	for (int64_t deadline = tl_ms() + 10000;
-	    !(metric_now("outboxd_relays_connected") >= 1);)
+	    !(metric_now("outboxd_relays_connected") >= 1);
+	    usleep(50 * 1000))
 		ck_assert_msg(tl_ms() < deadline,
 		    "rows delivered, yet outboxd_relays_connected stays 0");
 	ck_assert_int_eq(rabbitmqctl("clear_user_limits dmnlimited "
@@ -4261,6 +4363,7 @@ main(void)
 	tcase_add_test(cli, test_migrations_run_again_beside_producers);
 	tcase_add_test(cli, test_migrate_beside_an_empty_first_schema);
 	tcase_add_test(cli, test_enqueue_ignores_the_callers_search_path);
+	tcase_add_test(cli, test_enqueue_nulls_take_the_defaults);
 	tcase_add_test(cli, test_migrate_refuses_a_seed_table);
 	tcase_add_test(cli, test_cli_odd_rows_and_usage);
 	tcase_add_test(cli, test_cli_dead_and_replay_filters);
@@ -4276,6 +4379,7 @@ main(void)
 	tcase_add_test(tc, test_sigterm_finishes_the_batch);
 	tcase_add_test(tc, test_second_sigterm_exits_at_once);
 	tcase_add_test(tc, test_shutdown_timeout_ends_a_stuck_batch);
+	tcase_add_test(tc, test_shutdown_timeout_in_the_goodbyes);
 	tcase_add_test(tc, test_sighup_reload);
 	tcase_add_test(tc, test_redis_reconnects_follow_config);
 	tcase_add_test(tc, test_reload_shortens_a_reconnect_wait);

@@ -237,6 +237,14 @@ tl_exchange(struct tl_amqp *a, const char *name, const char *type)
 }
 
 void
+tl_exchange_transient(struct tl_amqp *a, const char *name, const char *type)
+{
+	amqp_exchange_declare(a->conn, 1, amqp_cstring_bytes(name),
+	    amqp_cstring_bytes(type), 0, 0, 1, 0, amqp_empty_table);
+	check_reply(amqp_get_rpc_reply(a->conn), "exchange.declare");
+}
+
+void
 tl_exchange_delete(struct tl_amqp *a, const char *name)
 {
 	amqp_exchange_delete(a->conn, 1, amqp_cstring_bytes(name), 0);
@@ -360,6 +368,50 @@ tl_collect(struct tl_amqp *a, unsigned *counts, long long first,
 		if (m.message_id >= first && m.message_id < first + n &&
 		    counts[m.message_id - first]++ == 0)
 			distinct++;
+		tl_msg_free(&m);
+	}
+	return got;
+}
+
+void
+tl_mark_end(struct tl_amqp *a, const char *queue, char *marker, size_t size)
+{
+	static unsigned seq;
+
+	snprintf(marker, size, "tl-end %d %u", (int)getpid(), ++seq);
+	ck_assert_int_eq(amqp_basic_publish(a->conn, 1, amqp_empty_bytes,
+	    amqp_cstring_bytes(queue), 0, 0, NULL,
+	    amqp_cstring_bytes(marker)), AMQP_STATUS_OK);
+}
+
+bool
+tl_next_before(struct tl_amqp *a, const char *marker, int64_t deadline,
+    struct tl_msg *m)
+{
+	int64_t left = deadline - tl_ms();
+
+	ck_assert_msg(left > 0 && tl_next(a, (int)left, m), "the end marker "
+	    "\"%s\" did not come back in time", marker);
+	if (strcmp(m->body, marker) != 0)
+		return true;
+	tl_msg_free(m);
+	return false;
+}
+
+size_t
+tl_collect_to_end(struct tl_amqp *a, const char *queue, unsigned *counts,
+    long long first, long long n, int total_timeout_ms)
+{
+	char marker[64];
+	size_t got = 0;
+	int64_t deadline = tl_ms() + total_timeout_ms;
+	struct tl_msg m;
+
+	tl_mark_end(a, queue, marker, sizeof(marker));
+	while (tl_next_before(a, marker, deadline, &m)) {
+		got++;
+		if (m.message_id >= first && m.message_id < first + n)
+			counts[m.message_id - first]++;
 		tl_msg_free(&m);
 	}
 	return got;

@@ -44,6 +44,9 @@ void tl_amqp_close(struct tl_amqp *);
 void tl_queue(struct tl_amqp *, const char *queue, const char *exchange,
     const char *routing_key);
 void tl_exchange(struct tl_amqp *, const char *name, const char *type);
+/* Not durable, auto-deleted with its last binding (pika's flags). */
+void tl_exchange_transient(struct tl_amqp *, const char *name,
+    const char *type);
 void tl_exchange_delete(struct tl_amqp *, const char *name);
 void tl_consume(struct tl_amqp *, const char *queue);
 
@@ -69,6 +72,23 @@ void tl_msg_free(struct tl_msg *);
  * first + n).  Returns the number of deliveries. */
 size_t tl_collect(struct tl_amqp *, unsigned *counts, long long first,
     long long n, size_t want, int idle_timeout_ms, int total_timeout_ms);
+
+/* Publishes a marker to queue (tl_consume's) and receives until it comes
+ * back, counting as tl_collect does.  A classic queue keeps its order,
+ * so every message confirmed to it before the call is read: call it
+ * once outboxd has nothing more to send (every row marked, or outboxd
+ * stopped), and a late duplicate is counted too.  Returns the
+ * deliveries before the marker. */
+size_t tl_collect_to_end(struct tl_amqp *, const char *queue,
+    unsigned *counts, long long first, long long n, int total_timeout_ms);
+/* Its two steps: publishes a marker to queue (its text goes to
+ * marker[size]); then each tl_next_before gives the next delivery and
+ * true, or false once the marker came back (it must come by deadline,
+ * a tl_ms() time). */
+void tl_mark_end(struct tl_amqp *, const char *queue, char *marker,
+    size_t size);
+bool tl_next_before(struct tl_amqp *, const char *marker, int64_t deadline,
+    struct tl_msg *);
 
 /* --- outboxd and the servers -------------------------------------------- */
 /* Writes a config for the private servers plus extra YAML (whole

@@ -1104,13 +1104,38 @@ START_TEST(test_secret_from_file)
 
 	snprintf(yaml, sizeof(yaml), "redis:\n  password_file: %s\n",
 	    open_file);
+	/* Owned by a user other than root: its group may not read it. */
+	if (geteuid() == 0)
+		ck_assert_int_eq(chown(open_file, 65534, 65534), 0);
 	assert_errors(yaml, "t.yml:2:18: redis.password_file: the file is "
 	    "accessible by group or others (mode 0644); run chmod 600 on "
-	    "it\n");
+	    "it (only a file owned by root may be readable by its group)\n");
 	ck_assert_int_eq(chmod(open_file, 0640), 0);
 	assert_errors(yaml, "t.yml:2:18: redis.password_file: the file is "
 	    "accessible by group or others (mode 0640); run chmod 600 on "
-	    "it\n");
+	    "it (only a file owned by root may be readable by its group)\n");
+	/* Owned by root, its group may read it (a Kubernetes secret with
+	 * fsGroup: root, 0440), but others may not, nor may the group
+	 * write.  Only root can make such a file. */
+	if (geteuid() == 0) {
+		ck_assert_int_eq(chown(open_file, 0, 0), 0);
+		ck_assert_int_eq(chmod(open_file, 0440), 0);
+		assert_loads(yaml, &r);
+		ck_assert_str_eq(r.c.lock.password, SECRET);
+		result_free(&r);
+		ck_assert_int_eq(chmod(open_file, 0660), 0);
+		assert_errors(yaml, "t.yml:2:18: redis.password_file: the file "
+		    "is accessible by others, or its group may do more than "
+		    "read it (mode 0660); give it mode 0640 or less (a "
+		    "Kubernetes secret: defaultMode 0440, with the pod's "
+		    "fsGroup)\n");
+		ck_assert_int_eq(chmod(open_file, 0604), 0);
+		assert_errors(yaml, "t.yml:2:18: redis.password_file: the file "
+		    "is accessible by others, or its group may do more than "
+		    "read it (mode 0604); give it mode 0640 or less (a "
+		    "Kubernetes secret: defaultMode 0440, with the pod's "
+		    "fsGroup)\n");
+	}
 	snprintf(yaml, sizeof(yaml), "redis:\n  password_file: %s\n", empty);
 	assert_errors(yaml, "t.yml:2:18: redis.password_file: the file's "
 	    "first line is empty\n");
@@ -1660,29 +1685,38 @@ END_TEST
 
 START_TEST(test_check_file)
 {
-	char path[4096], bad[128], *got = NULL;
-	size_t len = 0;
-	FILE *f;
+	char path[4096], bad[128], *got = NULL, *errs = NULL;
+	size_t len = 0, elen = 0;
+	FILE *f, *e;
 
 	src_path(path, sizeof(path), "config/outboxd.yml");
 	f = open_memstream(&got, &len);
-	ck_assert_int_eq(config_check_file(path, f), 0);
+	e = open_memstream(&errs, &elen);
+	ck_assert_int_eq(config_check_file(path, f, e), 0);
 	fclose(f);
+	fclose(e);
 	ck_assert_str_eq(got, "configuration OK\n");
+	ck_assert_str_eq(errs, "");
 	free(got);
+	free(errs);
 
+	/* The errors go to err (stderr), nothing to out. */
 	tmpdir_setup();
 	snprintf(bad, sizeof(bad), "%s/bad.yml", tmpdir);
 	write_file(bad, "relay:\n  batch_size: 0\n  mode: x\n", 0600);
 	f = open_memstream(&got, &len);
-	ck_assert_int_eq(config_check_file(bad, f), 1);
+	e = open_memstream(&errs, &elen);
+	ck_assert_int_eq(config_check_file(bad, f, e), 1);
 	fclose(f);
+	fclose(e);
 	snprintf(path, sizeof(path),
 	    "%s:2:15: relay.batch_size: must be between 1 and 10000, got 0\n"
 	    "%s:3:9: relay.mode: expected one of parallel or single-active, "
 	    "got \"x\"\n", bad, bad);
-	ck_assert_str_eq(got, path);
+	ck_assert_str_eq(errs, path);
+	ck_assert_str_eq(got, "");
 	free(got);
+	free(errs);
 	tmpdir_teardown();
 }
 END_TEST

@@ -76,13 +76,17 @@ START_TEST(test_stop_wakes_napping_workers)
 	while (workers_stalled_ms(w) < 300 && now_mono_ms() < deadline)
 		sleep_ms(10, NULL);
 	ck_assert_int_ge(workers_stalled_ms(w), 300);
+	/* None connected; the three are there, counted by state. */
+	ck_assert_int_eq(workers_count(w, WORKER_CONNECTED), 0);
 	memset(&sum, 0, sizeof(sum));
 	sum.published = 5;	/* the caller's own count is kept */
 	t0 = now_mono_ms();
-	workers_stop(w, &sum);
+	workers_join(w, &sum);
 	took = now_mono_ms() - t0;
 	/* Without the wake fd each would sleep out its step (1 s). */
 	ck_assert_msg(took < 500, "stopping took %lld ms", (long long)took);
+	/* Joined once: the stop after it adds nothing, and frees. */
+	workers_stop(w, &sum);
 	ck_assert_uint_eq(sum.published, 5);
 	ck_assert_uint_eq(sum.batches, 0);
 }

@@ -2,7 +2,7 @@
 # Packaging checks that need no servers: the systemd unit (verify and a
 # hardening score of 2.0 or better), docker-compose.yml, the Dockerfile
 # against the Makefile, the shipped configs, and `make install`.
-# Prints "N passed, M failed"; exits 1 when anything failed.
+# Prints a Check-style summary line; exits 1 when anything failed.
 set -uo pipefail
 
 cd "${OUTBOXD_SRCDIR:-$(dirname "$0")/../..}" || exit 1
@@ -11,13 +11,9 @@ MAX_EXPOSURE=2.0
 # The binary `make` builds; `make SANITIZER=...` callers may pass theirs.
 BIN=${OUTBOXD_BIN:-build/outboxd}
 
-passed=0
-failed=0
+. tests/lib/checks.sh
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/outboxd-packaging.XXXXXX")
-trap 'rm -rf "$tmp"' EXIT
-
-pass() { echo "PASS: $1"; passed=$((passed + 1)); }
-fail() { echo "FAIL: $1: ${*:2}"; failed=$((failed + 1)); }
+checks_at_exit+=('rm -rf "$tmp"')
 have() { command -v "$1" >/dev/null 2>&1; }
 
 # make as a developer runs it: no PREFIX, SANITIZER or DESTDIR inherited
@@ -267,6 +263,17 @@ else
 	else
 		fail "config error in the journal" "$(head -n 5 "$log")"
 	fi
+	# check's too (ExecReload runs it), and nothing on stdout.
+	: >"$log"
+	out=$(JOURNAL_STREAM=$(stat -c '%d:%i' "$log") \
+	    "$BIN" -c "$tmp/bad.yml" check 2>>"$log")
+	if [ -z "$out" ] &&
+	    grep -q '^<3>ts=.* level=error msg="config error" .*line=1 .*' \
+	    "$log" && grep -q 'relay.batch_size: must be between' "$log"; then
+		pass "check's config errors go to the journal as errors"
+	else
+		fail "check's errors in the journal" "out: $out log: $(head -n 5 "$log")"
+	fi
 
 	# Each library outboxd links directly must come from a package the
 	# runtime stage installs (libc6 is in every Debian image).
@@ -295,5 +302,4 @@ else
 	fi
 fi
 
-echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
