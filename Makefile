@@ -53,7 +53,8 @@ INTEG_SRCS  := $(sort $(wildcard tests/integration/check_*.c))
 TESTLIB_SRCS := $(sort $(wildcard tests/lib/*.c))
 TESTLIB_OBJS := $(TESTLIB_SRCS:%.c=$(B)/%.o)
 UNIT_BINS   := $(UNIT_SRCS:%.c=$(B)/%)
-# Shell suites (packaging, examples) print "N passed, N failed" at the end.
+# Shell suites (packaging, examples, dns) print Check's summary line too
+# (tests/lib/checks.sh).
 UNIT_SCRIPTS  := $(sort $(wildcard tests/unit/test_*.sh))
 INTEG_SCRIPTS := $(sort $(wildcard tests/integration/test_*.sh))
 INTEG_BINS  := $(INTEG_SRCS:%.c=$(B)/%)

@@ -18,13 +18,9 @@ NODE=${NODE:-node}
 # Keep NOTICEs (e.g. "orders already exists, skipping") out of the output.
 export PGOPTIONS="${PGOPTIONS:-} -c client_min_messages=warning"
 
-passed=0
-failed=0
+. tests/lib/checks.sh
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/outboxd-examples.XXXXXX")
-trap 'rm -rf "$tmp"' EXIT
-
-pass() { echo "PASS: $1"; passed=$((passed + 1)); }
-fail() { echo "FAIL: $1: ${*:2}"; failed=$((failed + 1)); }
+checks_at_exit+=('rm -rf "$tmp"')
 
 sql() { psql -X -q -At -v ON_ERROR_STOP=1 -c "$1"; }
 
@@ -175,5 +171,4 @@ fi
 dropdb "$scratch"
 
 sql "DROP TABLE IF EXISTS orders" >/dev/null
-echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
