@@ -282,7 +282,7 @@ cmd_purge(struct store *s, int argc, char **argv)
 	 * every chunk found the rows sent meanwhile, without end. */
 	do {
 		if (store_purge_sent(s, age + (now_mono_ms() - started),
-		    PURGE_CHUNK, &skip, &n) == -1)
+		    PURGE_CHUNK, 0, &skip, &n) == -1)
 			return fail(s);
 		total += n;
 		if (skip.refused > 0 && why[0] == '\0')

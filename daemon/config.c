@@ -1687,19 +1687,22 @@ config_keys(void)
  * The longest a step may take by its time limits.  A batch's confirms:
  * twice rabbitmq.confirm_timeout for a batch sent in parts
  * (side_publish in relay.c), once more for a pipelined relay, whose
- * step first awaits the batch before.  Four waits for a table lock: the
- * leader's compensation (leader.c) sweeps, purges and counts, each
- * within postgres.lock_timeout, and the claim after it waits as long.
- * A connect to each server, every RabbitMQ node in turn.  At least
- * 10 s, so that a slow fsync is no alarm.  With postgres.lock_timeout 0
- * a claim blocked on a table lock has no limit: the stall is what
- * catches it.
+ * step first awaits the batch before.  The leader's compensation
+ * (leader.c) sweeps and purges, each within postgres.lock_timeout and a
+ * second, 5 s at the least (statement_timeout), and counts, which waits
+ * postgres.lock_timeout at most for the table's lock; the claim after
+ * it waits as long.  A connect to each server, every RabbitMQ node in
+ * turn.  At least 10 s, so that a slow fsync is no alarm.  With
+ * postgres.lock_timeout 0 a claim blocked on a table lock has no limit,
+ * nor has the compensation: the stall is what catches it.
  */
 int64_t
 config_longest_step_ms(const struct config *c)
 {
+	int64_t lt = c->store.lock_timeout_ms;
+	int64_t phase = lt <= 0 ? 0 : lt + 1000 > 5000 ? lt + 1000 : 5000;
 	int64_t ms = c->broker.confirm_timeout_ms * (c->relay.pipeline ?
-	    3 : 2) + c->store.lock_timeout_ms * 4 +
+	    3 : 2) + phase * 2 + lt * 2 +
 	    c->store.connect_timeout_ms + c->lock.connect_timeout_ms +
 	    c->broker.connect_timeout_ms * (int64_t)c->broker.n_nodes;
 

@@ -40,6 +40,9 @@
 /* Rows a sweep or purge found refused are left out of the passes this
  * long, then tried again (and logged again if still refused). */
 #define SKIP_FORGET_MS (10 * 60 * 1000)
+/* The least time the sweep, the purge and the count each get (see
+ * phase_ms), whatever postgres.lock_timeout. */
+#define COMPENSATION_PHASE_MIN_MS 5000
 
 /* Rows a pass leaves out (store_skip), since the first of them was. */
 struct skip_list {
@@ -74,6 +77,9 @@ struct leader {
 	struct log_limit sweep_log;
 	/* Rows the database refuses to sweep or purge. */
 	struct skip_list sweep_skip, purge_skip;
+	/* Rows per sweep or purge statement: halved while one cannot end
+	 * within its time (chunk_timed_out), grown back after. */
+	int sweep_chunk, purge_chunk;
 	struct leader_gauges gauges;
 };
 
@@ -85,6 +91,8 @@ leader_new(const struct lock_conf *lock_conf, const struct relay_conf *conf,
 
 	l->store = store;
 	l->conf = *conf;
+	l->sweep_chunk = SWEEP_CHUNK;
+	l->purge_chunk = PURGE_CHUNK;
 	if (lock_conf->enabled) {
 		l->lock = lock_new(lock_conf);
 		l->ttl_ms = lock_conf->ttl_ms;
@@ -404,6 +412,96 @@ pass_refusals_log(const char *msg, const struct pass_refusals *p,
 }
 
 /*
+ * The sweep and the purge each get postgres.lock_timeout and a second
+ * more, 5 s at the least (config_longest_step_ms counts them), through
+ * statement_timeout: a statement slow for its work rather than for a
+ * lock (an application table that references the rows without an index
+ * on its column scans that table for every row deleted) held the main
+ * loop until the watchdog killed the daemon, and the next leader met
+ * the same chunk.  The second more: a lock wait ends as a lock timeout
+ * first, and is not taken for slow work.  The phase's end as a
+ * deadline: 0 without a lock_timeout (no limit, as for the claims).
+ * The count stays unlimited: it only reads, and its cost (80 ms a
+ * million unsent rows) spaces the passes out (compensation_interval).
+ */
+static int64_t
+phase_ms(const struct leader *l)
+{
+	int64_t lt = store_lock_timeout_ms(l->store);
+
+	return lt <= 0 ? 0 : lt + 1000 > COMPENSATION_PHASE_MIN_MS ?
+	    lt + 1000 : COMPENSATION_PHASE_MIN_MS;
+}
+
+static int64_t
+phase_deadline(const struct leader *l)
+{
+	return phase_ms(l) > 0 ? now_mono_ms() + phase_ms(l) : 0;
+}
+
+/* Before each chunk: its statements get what is left of the phase's
+ * time (*budget; 0 with no deadline).  False when too little is left
+ * for a chunk (the SET or RESET after would run under a timer about to
+ * fire), or when the limit could not be set. */
+#define CHUNK_MIN_MS 200
+static bool
+chunk_time(struct leader *l, int64_t deadline, int64_t *budget)
+{
+	*budget = 0;
+	if (deadline == 0)
+		return true;
+	*budget = deadline - now_mono_ms();
+	return *budget >= CHUNK_MIN_MS &&
+	    store_limit_statements(l->store, *budget) == 0;
+}
+
+/* A chunk cancelled by its time limit with more time than
+ * postgres.lock_timeout (so not in a wait for a lock, which ends first
+ * as a lock timeout): the next try takes half as many rows (down to
+ * one), so that a slow table still moves.  Returns whether it halved. */
+static bool
+chunk_timed_out(struct leader *l, int *chunk, int64_t budget,
+    const char *phase)
+{
+	if (!store_timed_out(l->store) || *chunk <= 1 || phase_ms(l) == 0 ||
+	    budget <= store_lock_timeout_ms(l->store))
+		return false;
+	*chunk /= 2;
+	log_warn("compensation chunk halved", "phase=%s rows=%d hint=%s",
+	    phase, *chunk, log_quote((char[300]){ 0 }, 300, "a chunk took "
+	    "longer than postgres.lock_timeout and a second (5 s at the "
+	    "least): a table that references t_transactional_message "
+	    "without an index on its column, or a slow trigger?"));
+	return true;
+}
+
+/* A chunk that took under a quarter of its time: the next may take
+ * twice as many rows, up to max. */
+static void
+chunk_went(int *chunk, int max, int64_t budget, int64_t took)
+{
+	if (*chunk < max && budget > 0 && took * 4 < budget)
+		*chunk = *chunk * 2 < max ? *chunk * 2 : max;
+}
+
+/* The session's statements unlimited again (the role's or database's
+ * statement_timeout): the relay's claims and marks run on it.  One it
+ * cannot reset is closed, and the relay opens a new one. */
+static void
+limits_off(struct leader *l)
+{
+	if (store_lock_timeout_ms(l->store) <= 0 ||
+	    !store_connected(l->store) ||
+	    store_limit_statements(l->store, 0) == 0 ||
+	    store_limit_statements(l->store, 0) == 0)
+		return;
+	log_warn("postgres session closed: its statement_timeout could not "
+	    "be reset", "error=%s", log_quote((char[600]){ 0 }, 600,
+	    store_error(l->store)));
+	store_disconnect(l->store);
+}
+
+/*
  * Deletes SUCCESS rows past relay.retention, a few chunks per pass;
  * returns how many.  A purge that fails is logged and tried again at
  * the next purge interval, and the rest of the compensation goes on:
@@ -414,30 +512,44 @@ pass_refusals_log(const char *msg, const struct pass_refusals *p,
  * failed every pass, and retention was never kept again.
  */
 static int64_t
-purge_sent(struct leader *l)
+purge_sent(struct leader *l, int64_t deadline, bool *more)
 {
 	struct pass_refusals refused = { 0 };
-	int64_t n, purged = 0;
+	int64_t n, purged = 0, budget, started;
+	bool halved = false;
+	int used;
 
+	*more = false;
 	skip_list_expire(&l->purge_skip);
 	for (int i = 0; i < PURGE_CHUNKS_PER_TICK; i++) {
-		if (store_purge_sent(l->store, l->conf.retention_ms,
-		    PURGE_CHUNK, &l->purge_skip.rows, &n) == -1) {
+		*more = true;
+		if (!chunk_time(l, deadline, &budget))
+			break;
+		started = now_mono_ms();
+		used = l->purge_chunk;
+		if (store_purge_sent(l->store, l->conf.retention_ms, used,
+		    deadline, &l->purge_skip.rows, &n) == -1) {
+			halved = chunk_timed_out(l, &l->purge_chunk, budget,
+			    "purge");
 			log_event_limited(&l->purge_log, LOG_WARN,
 			    "sent rows not purged", "purged_before=%" PRId64
-			    " retry_in_ms=%d error=%s%s", purged,
+			    " retry_in_ms=%d error=%s%s", purged, halved ? 0 :
 			    PURGE_INTERVAL_MS, log_quote((char[600]){ 0 },
 			    600, store_error(l->store)),
 			    store_permission_denied(l->store) ? " hint=\"grant "
 			    "DELETE on t_transactional_message to this role "
 			    "(examples/roles.sql), or set relay.retention: "
 			    "0\"" : "");
+			*more = halved;
 			break;
 		}
+		chunk_went(&l->purge_chunk, PURGE_CHUNK, budget,
+		    now_mono_ms() - started);
 		pass_refusals_add(&refused, &l->purge_skip.rows);
 		purged += n;
-		if (n == 0 ||
-		    n + (int64_t)l->purge_skip.rows.refused < PURGE_CHUNK) {
+		*more = n > 0 &&
+		    n + (int64_t)l->purge_skip.rows.refused >= used;
+		if (!*more) {
 			log_limit_reset(&l->purge_log);
 			break;
 		}
@@ -447,9 +559,9 @@ purge_sent(struct leader *l)
 	if (purged > 0)
 		log_info("sent rows purged", "rows=%" PRId64
 		    " older_than_ms=%" PRId64, purged, l->conf.retention_ms);
-	/* A backlog is worked off at the next compensation. */
-	l->next_purge_ms = purged >= PURGE_CHUNK * PURGE_CHUNKS_PER_TICK ?
-	    0 : now_mono_ms() + PURGE_INTERVAL_MS;
+	/* A backlog, or a pass out of time or halved, goes on at the next
+	 * compensation. */
+	l->next_purge_ms = *more ? 0 : now_mono_ms() + PURGE_INTERVAL_MS;
 	return purged;
 }
 
@@ -464,16 +576,22 @@ purge_sent(struct leader *l)
  * *more: the last chunk came back full.
  */
 static int64_t
-sweep_exhausted(struct leader *l, bool *more)
+sweep_exhausted(struct leader *l, int64_t deadline, bool *more)
 {
 	struct pass_refusals refused = { 0 };
-	int64_t n = 0, swept = 0;
+	int64_t n = 0, swept = 0, budget, started;
 	bool lost = false;
+	int used;
 
 	*more = false;
 	skip_list_expire(&l->sweep_skip);
 	for (int i = 0; i < SWEEP_CHUNKS_PER_TICK; i++) {
-		if (store_sweep_exhausted(l->store, SWEEP_CHUNK,
+		*more = true;
+		if (!chunk_time(l, deadline, &budget))
+			break;
+		started = now_mono_ms();
+		used = l->sweep_chunk;
+		if (store_sweep_exhausted(l->store, used, deadline,
 		    &l->sweep_skip.rows, &n) == -1) {
 			/* The chunks before are DEAD all the same: they are
 			 * counted and said below. */
@@ -481,17 +599,21 @@ sweep_exhausted(struct leader *l, bool *more)
 				lost = true;
 				break;
 			}
+			*more = chunk_timed_out(l, &l->sweep_chunk, budget,
+			    "sweep");
 			log_event_limited(&l->sweep_log, LOG_WARN,
 			    "rows out of retries not marked dead", "error=%s",
 			    log_quote((char[600]){ 0 }, 600,
 			    store_error(l->store)));
 			break;
 		}
+		chunk_went(&l->sweep_chunk, SWEEP_CHUNK, budget,
+		    now_mono_ms() - started);
 		log_limit_reset(&l->sweep_log);
 		pass_refusals_add(&refused, &l->sweep_skip.rows);
 		swept += n;
 		*more = n > 0 &&
-		    n + (int64_t)l->sweep_skip.rows.refused == SWEEP_CHUNK;
+		    n + (int64_t)l->sweep_skip.rows.refused >= used;
 		if (!*more)
 			break;
 	}
@@ -510,22 +632,23 @@ sweep_exhausted(struct leader *l, bool *more)
 static void
 compensate(struct leader *l)
 {
-	int64_t purged = 0, started = now_mono_ms();
-	bool sweep_more;
+	int64_t started = now_mono_ms();
+	bool sweep_more, purge_more = false;
 
-	if (sweep_exhausted(l, &sweep_more) == -1)
+	if (sweep_exhausted(l, phase_deadline(l), &sweep_more) == -1)
 		goto fail;
 	if (l->conf.retention_ms > 0 && now_mono_ms() >= l->next_purge_ms)
-		purged = purge_sent(l);
+		(void)purge_sent(l, phase_deadline(l), &purge_more);
+	limits_off(l);
 	if (store_counts(l->store, false, &l->gauges.counts) == -1)
 		goto fail;
 	l->gauges.valid = true;
 	l->gauges.counted_at_s = (int64_t)time(NULL);
 	log_limit_reset(&l->compensation_log);
-	/* A sweep or purge that filled its chunks has more to do: come
-	 * back soon, but not at once (each pass counts the rows too). */
-	l->next_compensation_ms = now_mono_ms() + (sweep_more || purged >=
-	    PURGE_CHUNK * PURGE_CHUNKS_PER_TICK ?
+	/* A sweep or purge with more to do (its chunks full, its time up,
+	 * its chunk halved): come back soon, but not at once (each pass
+	 * counts the rows too). */
+	l->next_compensation_ms = now_mono_ms() + (sweep_more || purge_more ?
 	    leader_backlog_interval_ms(now_mono_ms() - started) :
 	    leader_compensation_interval_ms(l->conf.poll_interval_ms,
 	    now_mono_ms() - started));
@@ -534,6 +657,7 @@ fail:
 	log_event_limited(&l->compensation_log, LOG_WARN, "compensation failed",
 	    "error=%s", log_quote((char[600]){ 0 }, 600,
 	    store_error(l->store)));
+	limits_off(l);
 	l->gauges.valid = false;
 	l->next_compensation_ms = now_mono_ms() + l->conf.poll_interval_ms;
 }

@@ -1283,8 +1283,9 @@ take_notifies(struct relay *r)
 }
 
 /* Waits for a NOTIFY on the store's socket, a signal, the wake fd, a
- * kick or timeout_ms. */
-static void
+ * kick or timeout_ms.  Returns false when a signal or an error cut the
+ * wait short. */
+static bool
 wait_for_work(struct relay *r, int64_t timeout_ms)
 {
 	struct pollfd pfd[3] = {
@@ -1295,22 +1296,24 @@ wait_for_work(struct relay *r, int64_t timeout_ms)
 	uint64_t kicks;
 
 	if (timeout_ms <= 0)
-		return;
+		return true;
 	if (pfd[0].fd < 0) {
 		nap(r, timeout_ms);
-		return;
+		return true;
 	}
 	/* A NOTIFY that came in during the last query (idle_timeout's) was
 	 * read into libpq's queue, where poll() cannot see it: without this
 	 * check a row committed meanwhile waited up to MIN_IDLE_WAIT_MS or
 	 * the poll interval (bench: p99 354 ms at 1,000 msg/s). */
 	if (take_notifies(r) != 0)
-		return;
+		return true;
 	/* poll() skips negative fds: no wake or kick fd, fewer entries. */
-	if (poll(pfd, 3, (int)timeout_ms) == -1 && errno != EINTR) {
-		log_warn("poll failed", "error=%s",
-		    log_quote((char[128]){ 0 }, 128, strerror(errno)));
-		return;
+	if (poll(pfd, 3, (int)timeout_ms) == -1) {
+		if (errno != EINTR)
+			log_warn("poll failed", "error=%s",
+			    log_quote((char[128]){ 0 }, 128,
+			    strerror(errno)));
+		return false;
 	}
 	if (pfd[0].revents != 0)
 		(void)take_notifies(r);
@@ -1320,6 +1323,27 @@ wait_for_work(struct relay *r, int64_t timeout_ms)
 		(void)!read(r->kick_fd, &kicks, sizeof(kicks));
 		r->unclaimed_until_ms = 0;	/* a backlog, says the kicker */
 	}
+	return true;
+}
+
+/*
+ * Waits timeout_ms, or until the wake fd (a signal, a stop) or the
+ * session's end, reading the NOTIFYs meanwhile and dropping them
+ * (wait_for_work returns at each).  Not read, they piled up in libpq
+ * while the broker was down (the leader's compensation queries read
+ * them in: 60 bytes per producer commit, for the whole outage), or in
+ * the kernel, holding PostgreSQL's NOTIFY queue back; and a standby
+ * that returned at each one went round its loop once per commit.
+ */
+static void
+wait_dropping_wakeups(struct relay *r, int64_t timeout_ms)
+{
+	int64_t until = now_mono_ms() + timeout_ms, left;
+
+	while (store_connected(r->store) && !woken(r) &&
+	    (left = until - now_mono_ms()) > 0)
+		if (!wait_for_work(r, left))
+			break;
 }
 
 /*
@@ -1372,6 +1396,15 @@ idle_timeout(struct relay *r, size_t claimed, int64_t max_wait_ms)
 	return wait < max_wait_ms ? wait : max_wait_ms;
 }
 
+/* rabbitmq-c answers heartbeats and notices a closed connection only
+ * when called: do it while idle too. */
+static void
+tick_broker(struct relay *r)
+{
+	if (broker_connected(r->broker) && broker_tick(r->broker) == -1)
+		broker_disconnect(r->broker);
+}
+
 /*
  * Brings both servers up; when one is still down, sleeps until its
  * retry time (within max_wait_ms) and returns false.
@@ -1399,18 +1432,20 @@ connections_up(struct relay *r, int64_t max_wait_ms)
 	wait = retry_at - now_mono_ms();
 	if (wait < MIN_RETRY_WAIT_MS)
 		wait = MIN_RETRY_WAIT_MS;
-	nap(r, wait < max_wait_ms ? wait : max_wait_ms);
+	if (wait > max_wait_ms)
+		wait = max_wait_ms;
+	/* The one that is up is kept read: the session's NOTIFYs, the
+	 * broker's heartbeats and closes. */
+	if (store_up) {
+		wait_dropping_wakeups(r, wait);
+		return false;
+	}
+	if (broker_up)
+		tick_broker(r);
+	nap(r, wait);
 	return false;
 }
 
-/* rabbitmq-c answers heartbeats and notices a closed connection only
- * when called: do it while idle too. */
-static void
-tick_broker(struct relay *r)
-{
-	if (broker_connected(r->broker) && broker_tick(r->broker) == -1)
-		broker_disconnect(r->broker);
-}
 
 /*
  * While the broker blocks publishing (a memory or disk alarm), nothing
@@ -1478,7 +1513,8 @@ relay_step(struct relay *r, int64_t max_wait_ms)
 	 * waits for its time (idle_timeout), across the caller's turns. */
 	paced = r->unclaimed_until_ms - now_mono_ms();
 	if (r->unclaimed_until_ms != 0 && paced > 0) {
-		wait_for_work(r, paced < max_wait_ms ? paced : max_wait_ms);
+		(void)wait_for_work(r, paced < max_wait_ms ? paced :
+		    max_wait_ms);
 		tick_broker(r);
 		return false;
 	}
@@ -1511,7 +1547,8 @@ relay_step(struct relay *r, int64_t max_wait_ms)
 	if (take_notifies(r) > 0)
 		return false;
 	if (store_connected(r->store))
-		wait_for_work(r, idle_timeout(r, claimed, max_wait_ms));
+		(void)wait_for_work(r, idle_timeout(r, claimed,
+		    max_wait_ms));
 	tick_broker(r);
 	return false;
 }
@@ -1525,6 +1562,6 @@ relay_standby(struct relay *r, int64_t max_wait_ms)
 	r->failing_since_ms = 0;	/* it claims nothing to fail */
 	if (!connections_up(r, max_wait_ms))
 		return;
-	wait_for_work(r, max_wait_ms);
+	wait_dropping_wakeups(r, max_wait_ms);
 	tick_broker(r);
 }

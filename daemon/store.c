@@ -1686,6 +1686,29 @@ store_permission_denied(const struct store *s)
 	return strcmp(s->sqlstate, "42501") == 0;
 }
 
+bool
+store_timed_out(const struct store *s)
+{
+	return strcmp(s->sqlstate, "57014") == 0;
+}
+
+int64_t
+store_lock_timeout_ms(const struct store *s)
+{
+	return s->conf.lock_timeout_ms;
+}
+
+int
+store_limit_statements(struct store *s, int64_t ms)
+{
+	char sql[64];
+
+	if (ms <= 0)
+		return exec_command(s, "RESET statement_timeout");
+	return exec_command(s, strfmt(sql, sizeof(sql), "SET "
+	    "statement_timeout = %" PRId64, ms));
+}
+
 /* Whether the last failed statement's error can come from one row, on
  * a session still up. */
 static bool
@@ -2156,6 +2179,29 @@ store_counts(struct store *s, bool count_sent, struct store_counts *c)
 	"DELETE FROM t_transactional_message WHERE id = ANY (" ids ")"
 
 /*
+ * The row-apart path of a sweep or purge chunk runs a statement or two a
+ * part, each under statement_timeout: before each, the limit becomes
+ * what is left until deadline (a CLOCK_MONOTONIC ms; 0: none), and past
+ * it the chunk stops, an error like the timeout's.  (A SET in the
+ * transaction is undone with it: the caller's limit comes back.)
+ */
+static int
+within_deadline(struct store *s, const char *what, int64_t deadline)
+{
+	int64_t left = deadline - now_mono_ms();
+
+	if (deadline == 0)
+		return 0;
+	if (left <= 0) {
+		set_error(s, what, "out of time for this pass (the rows are "
+		    "tried apart, for one the database refuses)");
+		snprintf(s->sqlstate, sizeof(s->sqlstate), "57014");
+		return -1;
+	}
+	return store_limit_statements(s, left);
+}
+
+/*
  * Runs sql, which takes ids[0..n) as the int8[] $1, under a savepoint;
  * a part the database refuses for one of its rows is rolled back and
  * halved, down to single rows, which go to skip.  refused_whole: the
@@ -2165,7 +2211,7 @@ store_counts(struct store *s, bool count_sent, struct store_counts *c)
  */
 static int
 run_halving(struct store *s, const char *what, const char *sql,
-    const int64_t *ids, size_t n, bool refused_whole,
+    const int64_t *ids, size_t n, bool refused_whole, int64_t deadline,
     struct store_skip *skip, int64_t *done)
 {
 	size_t before = skip->refused, half;
@@ -2178,7 +2224,8 @@ run_halving(struct store *s, const char *what, const char *sql,
 	/* A single row is tried even so: the chunk was read again since
 	 * it was refused, and rows may be refused only together. */
 	if (!refused_whole || n == 1) {
-		if (part_begin(s) == -1)
+		if (within_deadline(s, what, deadline) == -1 ||
+		    part_begin(s) == -1)
 			return -1;
 		params[0] = ids_array(s, ids, n);
 		rc = part_end(s, command_count(s, what, sql, 1, params,
@@ -2203,12 +2250,13 @@ run_halving(struct store *s, const char *what, const char *sql,
 		return 0;
 	}
 	half = n / 2;
-	if (run_halving(s, what, sql, ids, half, false, skip, done) == -1)
+	if (run_halving(s, what, sql, ids, half, false, deadline, skip,
+	    done) == -1)
 		return -1;
 	/* Nothing refused in the first half: the refusal is in the
 	 * second, whose try is spared. */
 	return run_halving(s, what, sql, ids + half, n - half,
-	    skip->refused == before, skip, done);
+	    skip->refused == before, deadline, skip, done);
 }
 
 /*
@@ -2219,7 +2267,7 @@ run_halving(struct store *s, const char *what, const char *sql,
 static int
 run_chunk_apart(struct store *s, const char *what, const char *ids_sql,
     int nparams, const char *const *params, const char *by_ids_sql,
-    struct store_skip *skip, int64_t *n)
+    int64_t deadline, struct store_skip *skip, int64_t *n)
 {
 	size_t skipped_before = skip->n;
 	PGresult *res;
@@ -2230,7 +2278,8 @@ run_chunk_apart(struct store *s, const char *what, const char *ids_sql,
 	/* Deferred checks (a DEFERRABLE foreign key of the application's)
 	 * run at each part, under its savepoint, where the COMMIT could not
 	 * say which row they refused. */
-	if (exec_command(s, "BEGIN; SET CONSTRAINTS ALL IMMEDIATE") == -1 ||
+	if (within_deadline(s, what, deadline) == -1 ||
+	    exec_command(s, "BEGIN; SET CONSTRAINTS ALL IMMEDIATE") == -1 ||
 	    (res = query(s, what, ids_sql, nparams, params,
 	    PGRES_TUPLES_OK)) == NULL)
 		goto fail;
@@ -2239,7 +2288,8 @@ run_chunk_apart(struct store *s, const char *what, const char *ids_sql,
 	for (size_t i = 0; i < nids; i++)
 		ids[i] = strtoll(PQgetvalue(res, (int)i, 0), NULL, 10);
 	PQclear(res);
-	rc = run_halving(s, what, by_ids_sql, ids, nids, false, skip, n);
+	rc = run_halving(s, what, by_ids_sql, ids, nids, false, deadline,
+	    skip, n);
 	free(ids);
 	if (rc == 0 && exec_command(s, "COMMIT") == 0)
 		return 0;
@@ -2259,7 +2309,8 @@ fail:
 static int
 run_chunk(struct store *s, const char *what, const char *chunk_sql,
     const char *ids_sql, const char *by_ids_sql, int nparams,
-    const char **params, struct store_skip *skip, int64_t *n)
+    const char **params, int64_t deadline, struct store_skip *skip,
+    int64_t *n)
 {
 	*n = 0;
 	if (skip != NULL) {
@@ -2276,12 +2327,12 @@ run_chunk(struct store *s, const char *what, const char *chunk_sql,
 		return -1;
 	params[nparams - 1] = ids_array(s, skip->ids, skip->n);
 	return run_chunk_apart(s, what, ids_sql, nparams, params, by_ids_sql,
-	    skip, n);
+	    deadline, skip, n);
 }
 
 int
-store_sweep_exhausted(struct store *s, int chunk, struct store_skip *skip,
-    int64_t *n)
+store_sweep_exhausted(struct store *s, int chunk, int64_t deadline,
+    struct store_skip *skip, int64_t *n)
 {
 	char limit[16];
 	const char *params[2] = { limit, NULL };
@@ -2290,12 +2341,12 @@ store_sweep_exhausted(struct store *s, int chunk, struct store_skip *skip,
 	return run_chunk(s, "sweep",
 	    SWEEP_EXHAUSTED("ARRAY(" SWEEP_EXHAUSTED_IDS ")"),
 	    SWEEP_EXHAUSTED_IDS, SWEEP_EXHAUSTED("$1::int8[]"), 2, params,
-	    skip, n);
+	    deadline, skip, n);
 }
 
 int
 store_purge_sent(struct store *s, int64_t older_than_ms, int chunk,
-    struct store_skip *skip, int64_t *n)
+    int64_t deadline, struct store_skip *skip, int64_t *n)
 {
 	char age[32], limit[16];
 	const char *params[3] = { age, limit, NULL };
@@ -2303,7 +2354,8 @@ store_purge_sent(struct store *s, int64_t older_than_ms, int chunk,
 	snprintf(age, sizeof(age), "%" PRId64, older_than_ms);
 	snprintf(limit, sizeof(limit), "%d", chunk);
 	return run_chunk(s, "purge", PURGE_SENT("ARRAY(" PURGE_SENT_IDS ")"),
-	    PURGE_SENT_IDS, PURGE_SENT("$1::int8[]"), 3, params, skip, n);
+	    PURGE_SENT_IDS, PURGE_SENT("$1::int8[]"), 3, params, deadline,
+	    skip, n);
 }
 
 /* The dead rows a dead_filter takes, with its fields as $2, $3 and $4

@@ -188,6 +188,14 @@ bool store_statements_stale(const struct store *);
 /* The last statement failed for want of a privilege (SQLSTATE 42501):
  * the role lacks a grant that examples/roles.sql gives. */
 bool store_permission_denied(const struct store *);
+/* The last statement was cancelled by statement_timeout (SQLSTATE 57014,
+ * or by pg_cancel_backend). */
+bool store_timed_out(const struct store *);
+/* postgres.lock_timeout, in ms (0: none). */
+int64_t store_lock_timeout_ms(const struct store *);
+/* Limits each statement of the session to ms (statement_timeout); 0
+ * gives the role's or database's own back (RESET). */
+int store_limit_statements(struct store *, int64_t ms);
 /*
  * The last statement failed because a value has no form in UTF-8, the
  * encoding outboxd reads in (SQLSTATE 22P05), or is not valid in the
@@ -261,14 +269,16 @@ struct store_skip {
 /* Compensation, run by the leader: rows whose retries ran out (e.g.
  * max_retry_times lowered by hand) become DEAD, up to chunk of them;
  * sets *n to how many.  Rows in skip are left out, and rows refused are
- * added to it (NULL: none left out, a refusal fails the call). */
-int store_sweep_exhausted(struct store *, int chunk, struct store_skip *,
-    int64_t *n) WARN_UNUSED;
+ * added to it (NULL: none left out, a refusal fails the call).  When a
+ * refusal makes it try the rows apart, each statement of that gets what
+ * is left until deadline (now_mono_ms() time; 0: no limit). */
+int store_sweep_exhausted(struct store *, int chunk, int64_t deadline,
+    struct store_skip *, int64_t *n) WARN_UNUSED;
 /* Deletes up to `chunk` SUCCESS rows (and their content) last edited
  * more than older_than_ms ago; sets *n to how many were deleted.  skip
- * as for store_sweep_exhausted. */
+ * and deadline as for store_sweep_exhausted. */
 int store_purge_sent(struct store *, int64_t older_than_ms, int chunk,
-    struct store_skip *, int64_t *n) WARN_UNUSED;
+    int64_t deadline, struct store_skip *, int64_t *n) WARN_UNUSED;
 /* Which dead rows a listing or a replay takes; a NULL field takes any.
  * After an outage of one exchange, say, its rows alone are replayed. */
 struct dead_filter {

@@ -577,6 +577,9 @@ setup(void)
 		redisFree(c);
 	db = tl_pg();
 	tl_reset_db(db);
+	/* Left by test_slow_purge_is_cut_and_halved if it failed. */
+	tl_sql(db, "DROP TRIGGER IF EXISTS ldr_slow_delete ON "
+	    "t_transactional_message");
 	/* test_unlock_refused_closes_the_session and
 	 * test_try_refused_gives_the_key_up revoke them. */
 	tl_sql(db, "GRANT EXECUTE ON FUNCTION pg_advisory_unlock(bigint) TO "
@@ -1196,6 +1199,27 @@ asan_without_quarantine(void)
 }
 
 /*
+ * n wake-ups (NOTIFYs on outboxd's channel) in one go, then two queries
+ * of the session named app after them (the first read them all in; the
+ * step after it dropped them, or kept them): pid's RSS then, in KiB.
+ */
+static long
+rss_after_wakeups(pid_t pid, const char *app, int n)
+{
+	long long sent, tick;
+
+	/* Distinct payloads: PostgreSQL folds only equal ones. */
+	tl_sql(db, "SELECT count(pg_notify('outboxd', g::text)) FROM "
+	    "generate_series(1, %d) g", n);
+	sent = tl_sql_int(db, "SELECT (extract(epoch FROM clock_timestamp()) "
+	    "* 1000)::int8");
+	tick = wait_query_after(app, sent, 10000);
+	ck_assert_int_gt(tick, 0);
+	ck_assert_int_gt(wait_query_after(app, tick, 10000), 0);
+	return tl_proc_kib(pid, "VmRSS");
+}
+
+/*
  * A single-active standby holds a LISTENing session (for the advisory
  * lock) but does not relay: it must still read and drop the wake-ups, or
  * libpq keeps every one of them.
@@ -1207,7 +1231,6 @@ START_TEST(test_standby_drops_wakeups)
 	    "postgres.application_name: \"leader-standby\"\n";
 	pid_t p[2];
 	long rss[ROUNDS];
-	long long sent, tick;
 
 	p[0] = start("relay.mode: single-active\nredis.enabled: false\n");
 	ck_assert(wait_log(p[0], "leadership acquired", 20000));
@@ -1215,20 +1238,8 @@ START_TEST(test_standby_drops_wakeups)
 	p[1] = start(yaml);
 	ck_assert(wait_log(p[1], "postgres connected", 20000));
 	ck_assert(wait_query_after("leader-standby", 0, 10000) > 0);
-	for (int r = 0; r < ROUNDS; r++) {
-		/* Distinct payloads: PostgreSQL folds only equal ones. */
-		tl_sql(db, "SELECT count(pg_notify('outboxd', g::text)) FROM "
-		    "generate_series(1, %d) g", NOTIFIES);
-		sent = tl_sql_int(db, "SELECT (extract(epoch FROM "
-		    "clock_timestamp()) * 1000)::int8");
-		/* Two ticks of the standby: the first query after the
-		 * NOTIFYs read them all; its tick dropped them. */
-		tick = wait_query_after("leader-standby", sent, 10000);
-		ck_assert_int_gt(tick, 0);
-		ck_assert_int_gt(wait_query_after("leader-standby", tick,
-		    10000), 0);
-		rss[r] = tl_proc_kib(p[1], "VmRSS");
-	}
+	for (int r = 0; r < ROUNDS; r++)
+		rss[r] = rss_after_wakeups(p[1], "leader-standby", NOTIFIES);
 	fprintf(stderr, "leader: standby rss %ld, %ld, %ld, %ld KiB after "
 	    "each %d wake-ups\n", rss[0], rss[1], rss[2], rss[3], NOTIFIES);
 	/* Kept wake-ups would add about 19 MiB a round, 57 MiB from the
@@ -1240,6 +1251,80 @@ START_TEST(test_standby_drops_wakeups)
 	ck_assert(!log_has(p[1], "leadership acquired"));
 	ck_assert_int_eq(stop(p[1]), 0);
 	ck_assert_int_eq(stop(p[0]), 0);
+}
+END_TEST
+
+/*
+ * A single-active standby under a stream of producer commits, each a
+ * wake-up on its LISTENing session.  Each one ended its wait: a turn of
+ * the main loop per commit, with an advisory-lock try (Redis off) and
+ * a watchdog ping in each.  Now it drops them and waits on.
+ */
+START_TEST(test_standby_waits_through_wakeups)
+{
+	const char *yaml = "relay.mode: single-active\nredis.enabled: false\n";
+	long long seen = -1, now;
+	int64_t t0, next = 0;
+	int n = 0, turns = 0;
+	pid_t p[2];
+
+	p[0] = start(yaml);
+	ck_assert(wait_log(p[0], "leadership acquired", 20000));
+	p[1] = start("relay.mode: single-active\nredis.enabled: false\n"
+	    "postgres.application_name: \"leader-standby-wait\"\n");
+	ck_assert(wait_log(p[1], "postgres connected", 20000));
+	/* One commit, one NOTIFY, one wake-up, for 2 s; every 100 ms, has
+	 * the standby started a query (an advisory-lock try: a turn of
+	 * its loop) since the last look? */
+	t0 = tl_ms();
+	while (tl_ms() - t0 < 2000) {
+		tl_sql(db, "SELECT pg_notify('outboxd', '%d')", n++);
+		if (tl_ms() < next)
+			continue;
+		next = tl_ms() + 100;
+		now = tl_sql_int(db, "SELECT coalesce(max((extract(epoch FROM "
+		    "query_start) * 1000000)::int8), 0) FROM pg_stat_activity "
+		    "WHERE application_name = 'leader-standby-wait'");
+		turns += seen >= 0 && now != seen;
+		seen = now;
+	}
+	fprintf(stderr, "leader: standby queried in %d of 20 looks under %d "
+	    "wake-ups\n", turns, n);
+	/* A turn a second (max_wait), not one a commit. */
+	ck_assert_int_le(turns, 6);
+	ck_assert(!log_has(p[1], "leadership acquired"));
+	ck_assert_int_eq(stop(p[1]), 0);
+	ck_assert_int_eq(stop(p[0]), 0);
+}
+END_TEST
+
+/*
+ * The leader with RabbitMQ down, PostgreSQL up: its compensation's
+ * queries read the wake-ups on its LISTENing session into libpq, and
+ * nothing took them until the broker was back (60 bytes per producer
+ * commit, for the whole outage).  Now the relay's wait for the broker
+ * reads and drops them.
+ */
+START_TEST(test_broker_down_drops_wakeups)
+{
+	enum { NOTIFIES = 300000, ROUNDS = 3 };
+	pid_t p;
+	long rss[ROUNDS];
+
+	asan_without_quarantine();	/* in this test's own process */
+	/* A broker that refuses (port 1): down from the start. */
+	p = start("relay.workers: 1\nrabbitmq.nodes: [\"127.0.0.1:1\"]\n"
+	    "postgres.application_name: \"leader-nobroker\"\n");
+	ck_assert(wait_log(p, "leadership acquired", 20000));
+	ck_assert(wait_log(p, "msg=\"rabbitmq unavailable\"", 30000));
+	for (int r = 0; r < ROUNDS; r++)
+		rss[r] = rss_after_wakeups(p, "leader-nobroker", NOTIFIES);
+	fprintf(stderr, "leader: rss %ld, %ld, %ld KiB after each %d wake-ups "
+	    "with the broker down\n", rss[0], rss[1], rss[2], NOTIFIES);
+	/* Kept, they added about 19 MiB a round: 37 MiB over the three
+	 * (29, 48, 67 MiB); dropped, 10 MiB each time. */
+	ck_assert_int_lt(rss[ROUNDS - 1] - rss[0], 16 * 1024);
+	ck_assert_int_eq(stop(p), 0);
 }
 END_TEST
 
@@ -1979,6 +2064,62 @@ START_TEST(test_retention_purges_old_sent_rows)
 }
 END_TEST
 
+/*
+ * A purge statement slow for its work, not for a lock: an application
+ * table that references the rows without an index on its column scans
+ * that table for each row deleted (a statement trigger stands in: 30 s
+ * for a chunk of over 600 rows).  It had no time limit: it held the main
+ * loop, its relay and its watchdog pings for as long, and the next
+ * leader met the same chunk after systemd killed this one.  Now it is
+ * cancelled at its phase's time (5 s: postgres.lock_timeout, 5 s at the
+ * least), the main relay goes on, and the next chunk is half as big.
+ */
+START_TEST(test_slow_purge_is_cut_and_halved)
+{
+	enum { OLD = 1500 };
+	long long id;
+	int64_t t0, took;
+	pid_t p;
+
+	tl_sql(db, "CREATE OR REPLACE FUNCTION ldr_slow_delete() RETURNS "
+	    "trigger LANGUAGE plpgsql AS $$ BEGIN IF (SELECT count(*) FROM "
+	    "gone) > 600 THEN PERFORM pg_sleep(30); END IF; RETURN NULL; "
+	    "END $$");
+	tl_sql(db, "BEGIN; SELECT outbox_enqueue('', 'leader.slow', 'o', "
+	    "business_module => 'old') FROM generate_series(1, %d); "
+	    "UPDATE t_transactional_message SET message_status = 1, "
+	    "next_schedule_time = NULL, edit_time = now() - interval "
+	    "'10 days' WHERE business_module = 'old'; COMMIT", OLD);
+	tl_sql(db, "CREATE TRIGGER ldr_slow_delete AFTER DELETE ON "
+	    "t_transactional_message REFERENCING OLD TABLE AS gone FOR EACH "
+	    "STATEMENT EXECUTE FUNCTION ldr_slow_delete()");
+	p = start("relay.workers: 1\nrelay.retention: 7d\n"
+	    "postgres.lock_timeout: 1s\n");
+	ck_assert_int_eq(tl_wait_sql_int(db, 1, 30000, "SELECT count(*) FROM "
+	    "pg_stat_activity WHERE application_name = 'outboxd' AND state = "
+	    "'active' AND query LIKE 'DELETE FROM t_transactional_message%%'"),
+	    1);
+	/* The main relay is the only one: it takes this row once the
+	 * purge lets its loop go. */
+	t0 = tl_ms();
+	id = tl_sql_int(db, "SELECT outbox_enqueue('', 'leader.slow', 'new')");
+	ck_assert_int_eq(tl_wait_sql_int(db, 1, 20000, "SELECT count(*) FROM "
+	    "t_transactional_message WHERE id = %lld AND message_status <> 0",
+	    id), 1);
+	took = tl_ms() - t0;
+	fprintf(stderr, "leader: a row came through a slow purge in %lld ms\n",
+	    (long long)took);
+	ck_assert_int_lt(took, 15000);
+	ck_assert(wait_log2(p, "msg=\"compensation chunk halved\" "
+	    "phase=purge rows=500", NULL, 10000));
+	ck_assert(log_count2(p, "msg=\"sent rows not purged\"",
+	    "statement timeout", NULL, 0) >= 1);
+	ck_assert_int_eq(stop(p), 0);
+	tl_sql(db, "DROP TRIGGER ldr_slow_delete ON t_transactional_message");
+	tl_sql(db, "DROP FUNCTION ldr_slow_delete()");
+}
+END_TEST
+
 /* Starts an instance whose /metrics listens on a port of its own. */
 static pid_t
 start_with_metrics(int *port)
@@ -2155,7 +2296,7 @@ purge_reads(struct store *s, int chunk, long long *reads)
 
 	tl_sql(db, "SELECT pg_stat_force_next_flush()");
 	before = outbox_tuples_read();
-	ck_assert_msg(store_purge_sent(s, 7LL * 86400000, chunk, NULL,
+	ck_assert_msg(store_purge_sent(s, 7LL * 86400000, chunk, 0, NULL,
 	    &n) == 0, "purge: %s", store_error(s));
 	*reads = reads_since(s, before);
 	return n;
@@ -2260,7 +2401,7 @@ START_TEST(test_purge_skips_a_locked_row)
 	    " FOR UPDATE", oldest);
 	ck_assert_msg(store_connect(s) == 0, "connect: %s", store_error(s));
 	t0 = tl_ms();
-	rc = store_purge_sent(s, 7LL * 86400000, 1000, NULL, &n);
+	rc = store_purge_sent(s, 7LL * 86400000, 1000, 0, NULL, &n);
 	took = tl_ms() - t0;
 	ck_assert_msg(rc == 0, "purge: %s (after %lld ms)", store_error(s),
 	    (long long)took);
@@ -2269,7 +2410,7 @@ START_TEST(test_purge_skips_a_locked_row)
 	ck_assert_int_eq(tl_sql_int(db, "SELECT count(*) FROM"
 	    " t_transactional_message WHERE id = %lld", oldest), 1);
 	tl_sql(locker, "COMMIT");
-	ck_assert_int_eq(store_purge_sent(s, 7LL * 86400000, 1000, NULL, &n),
+	ck_assert_int_eq(store_purge_sent(s, 7LL * 86400000, 1000, 0, NULL, &n),
 	    0);
 	ck_assert_int_eq(n, 1);
 	PQfinish(locker);
@@ -2444,6 +2585,8 @@ main(void)
 	add(s, "holder_without_postgres",
 	    test_holder_without_postgres_gives_the_key_up);
 	add(s, "standby_wakeups", test_standby_drops_wakeups);
+	add(s, "broker_down_wakeups", test_broker_down_drops_wakeups);
+	add(s, "standby_wait", test_standby_waits_through_wakeups);
 	add(s, "ordering_on", test_ordering_by_key_holds_with_failures);
 	add(s, "ordering_off", test_ordering_off_delivers_all);
 	add(s, "held_key", test_held_key_backs_the_idle_claims_off);
@@ -2454,6 +2597,7 @@ main(void)
 	add(s, "retention", test_retention_purges_old_sent_rows);
 	add(s, "purge_reads", test_purge_reads_only_what_it_deletes);
 	add(s, "purge_locked", test_purge_skips_a_locked_row);
+	add(s, "slow_purge", test_slow_purge_is_cut_and_halved);
 	add(s, "sweep_in_passes", test_sweep_in_passes);
 	add(s, "sweep_cut_off", test_sweep_cut_off_counts_its_chunks);
 	add(s, "refused_rows", test_refused_rows_leave_the_compensation_going);

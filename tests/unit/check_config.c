@@ -1491,12 +1491,18 @@ START_TEST(test_longest_step)
 	struct config c;
 
 	config_defaults(&c);
-	/* confirms 2 x 10 s, locks 4 x 5 s, connects 5 + 2 + 5 s */
-	ck_assert_int_eq(config_longest_step_ms(&c), 52000);
+	/* confirms 2 x 10 s; sweep and purge 2 x 6 s, count and claim
+	 * 2 x 5 s; connects 5 + 2 + 5 s */
+	ck_assert_int_eq(config_longest_step_ms(&c), 54000);
 	c.relay.pipeline = true;
-	ck_assert_int_eq(config_longest_step_ms(&c), 62000);
+	ck_assert_int_eq(config_longest_step_ms(&c), 64000);
 	/* The shipped unit's watchdog outlasts either with the defaults. */
 	ck_assert_int_gt(unit_watchdog_ms(), config_longest_step_ms(&c));
+	/* A short lock_timeout: the sweep and the purge still get 5 s
+	 * each (leader.c), the count and the claim their 1 s. */
+	c.store.lock_timeout_ms = 1000;
+	ck_assert_int_eq(config_longest_step_ms(&c), 30000 + 2 * 5000 +
+	    2 * 1000 + 12000);
 	c.store.lock_timeout_ms = 0;
 	c.relay.pipeline = false;
 	ck_assert_int_eq(config_longest_step_ms(&c), 32000);
