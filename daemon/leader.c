@@ -40,8 +40,8 @@
 /* Rows a sweep or purge found refused are left out of the passes this
  * long, then tried again (and logged again if still refused). */
 #define SKIP_FORGET_MS (10 * 60 * 1000)
-/* The least time the sweep, the purge and the count each get (see
- * phase_ms), whatever postgres.lock_timeout. */
+/* The least time the sweep and the purge each get (see phase_ms),
+ * whatever postgres.lock_timeout. */
 #define COMPENSATION_PHASE_MIN_MS 5000
 
 /* Rows a pass leaves out (store_skip), since the first of them was. */
@@ -475,6 +475,16 @@ chunk_timed_out(struct leader *l, int *chunk, int64_t budget,
 	return true;
 }
 
+/* A chunk cancelled by its time limit, with no more time than
+ * postgres.lock_timeout: the phase's end cut it (or a lock wait), not
+ * its size. */
+static bool
+out_of_time(const struct leader *l, int64_t budget)
+{
+	return store_timed_out(l->store) && phase_ms(l) > 0 &&
+	    budget <= store_lock_timeout_ms(l->store);
+}
+
 /* A chunk that took under a quarter of its time: the next may take
  * twice as many rows, up to max. */
 static void
@@ -531,6 +541,10 @@ purge_sent(struct leader *l, int64_t deadline, bool *more)
 		    deadline, &l->purge_skip.rows, &n) == -1) {
 			halved = chunk_timed_out(l, &l->purge_chunk, budget,
 			    "purge");
+			/* Cut by the phase's end, not too big: the next
+			 * compensation goes on, with nothing to say. */
+			if (!halved && out_of_time(l, budget))
+				break;
 			log_event_limited(&l->purge_log, LOG_WARN,
 			    "sent rows not purged", "purged_before=%" PRId64
 			    " retry_in_ms=%d error=%s%s", purged, halved ? 0 :
@@ -599,8 +613,10 @@ sweep_exhausted(struct leader *l, int64_t deadline, bool *more)
 				lost = true;
 				break;
 			}
-			*more = chunk_timed_out(l, &l->sweep_chunk, budget,
-			    "sweep");
+			if (chunk_timed_out(l, &l->sweep_chunk, budget,
+			    "sweep") || out_of_time(l, budget))
+				break;	/* *more: the next pass goes on */
+			*more = false;
 			log_event_limited(&l->sweep_log, LOG_WARN,
 			    "rows out of retries not marked dead", "error=%s",
 			    log_quote((char[600]){ 0 }, 600,

@@ -2181,9 +2181,11 @@ store_counts(struct store *s, bool count_sent, struct store_counts *c)
 /*
  * The row-apart path of a sweep or purge chunk runs a statement or two a
  * part, each under statement_timeout: before each, the limit becomes
- * what is left until deadline (a CLOCK_MONOTONIC ms; 0: none), and past
- * it the chunk stops, an error like the timeout's.  (A SET in the
- * transaction is undone with it: the caller's limit comes back.)
+ * what is left until deadline (a CLOCK_MONOTONIC ms; 0: none), and with
+ * less than 200 ms left the chunk stops, an error like the timeout's (a
+ * COMMIT under a timer about to fire could lose the chunk's work).  A
+ * SET in the transaction stays after its COMMIT, and a ROLLBACK gives
+ * the caller's limit back: the leader resets it after its pass.
  */
 static int
 within_deadline(struct store *s, const char *what, int64_t deadline)
@@ -2192,7 +2194,7 @@ within_deadline(struct store *s, const char *what, int64_t deadline)
 
 	if (deadline == 0)
 		return 0;
-	if (left <= 0) {
+	if (left < 200) {
 		set_error(s, what, "out of time for this pass (the rows are "
 		    "tried apart, for one the database refuses)");
 		snprintf(s->sqlstate, sizeof(s->sqlstate), "57014");
