@@ -512,16 +512,17 @@ limits_off(struct leader *l)
 }
 
 /*
- * Deletes SUCCESS rows past relay.retention, a few chunks per pass;
- * returns how many.  A purge that fails is logged and tried again at
- * the next purge interval, and the rest of the compensation goes on:
+ * Deletes SUCCESS rows past relay.retention, a few chunks per pass, and
+ * says how many; *more: the purge goes on at the next pass.  A purge
+ * that fails is logged and tried again at the next purge interval, and
+ * the rest of the compensation goes on:
  * before, a role without DELETE failed every compensation at the purge,
  * so the row gauges were never set and an alert on dead rows never
  * fired.  A row the database refuses to delete (one an application
  * table references, a trigger's exception) is left out: the oldest, it
  * failed every pass, and retention was never kept again.
  */
-static int64_t
+static void
 purge_sent(struct leader *l, int64_t deadline, bool *more)
 {
 	struct pass_refusals refused = { 0 };
@@ -576,7 +577,6 @@ purge_sent(struct leader *l, int64_t deadline, bool *more)
 	/* A backlog, or a pass out of time or halved, goes on at the next
 	 * compensation. */
 	l->next_purge_ms = *more ? 0 : now_mono_ms() + PURGE_INTERVAL_MS;
-	return purged;
 }
 
 /*
@@ -654,7 +654,7 @@ compensate(struct leader *l)
 	if (sweep_exhausted(l, phase_deadline(l), &sweep_more) == -1)
 		goto fail;
 	if (l->conf.retention_ms > 0 && now_mono_ms() >= l->next_purge_ms)
-		(void)purge_sent(l, phase_deadline(l), &purge_more);
+		purge_sent(l, phase_deadline(l), &purge_more);
 	limits_off(l);
 	if (store_counts(l->store, false, &l->gauges.counts) == -1)
 		goto fail;
